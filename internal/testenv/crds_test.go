@@ -1,0 +1,168 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const fixtureCRD = `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+  labels: {upstream: kept}
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object}}
+`
+
+func TestReadKustomizedCRDs(t *testing.T) {
+	tests := []struct {
+		name       string
+		files      map[string]string
+		wantNames  []string
+		wantLabels map[string]string
+		wantErr    string
+	}{
+		{
+			name: "labels from commonLabels and labels pairs are added",
+			files: map[string]string{
+				"kustomization.yaml": "resources: [a.yaml]\ncommonLabels: {x/v1beta1: v1alpha1}\nlabels:\n- pairs: {x/v1beta2: v1alpha2}\n",
+				"a.yaml":             fixtureCRD,
+			},
+			wantNames:  []string{"widgets.example.com"},
+			wantLabels: map[string]string{"upstream": "kept", "x/v1beta1": "v1alpha1", "x/v1beta2": "v1alpha2"},
+		},
+		{
+			name: "several documents and empty ones",
+			files: map[string]string{
+				"kustomization.yaml": "resources: [a.yaml]\n",
+				"a.yaml":             "---\n" + fixtureCRD + "---\n---\n" + strings.Replace(fixtureCRD, "widgets.example.com", "gadgets.example.com", 1),
+			},
+			wantNames:  []string{"widgets.example.com", "gadgets.example.com"},
+			wantLabels: map[string]string{"upstream": "kept"},
+		},
+		{
+			name:    "no kustomization",
+			files:   map[string]string{"a.yaml": fixtureCRD},
+			wantErr: "kustomization.yaml: no such file",
+		},
+		{
+			name:    "no resources",
+			files:   map[string]string{"kustomization.yaml": "patches: []\n"},
+			wantErr: "lists no resources",
+		},
+		{
+			name:    "missing resource",
+			files:   map[string]string{"kustomization.yaml": "resources: [gone.yaml]\n"},
+			wantErr: "gone.yaml: no such file",
+		},
+		{
+			name: "not a CRD",
+			files: map[string]string{
+				"kustomization.yaml": "resources: [a.yaml]\n",
+				"a.yaml":             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+			},
+			wantErr: `a.yaml: expected a CustomResourceDefinition, found ConfigMap "x"`,
+		},
+		{
+			name: "broken YAML",
+			files: map[string]string{
+				"kustomization.yaml": "resources: [a.yaml]\n",
+				"a.yaml":             "kind: [\n",
+			},
+			wantErr: "a.yaml:",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, content := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			crds, err := readKustomizedCRDs(dir)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, crd := range crds {
+				names = append(names, crd.Name)
+				for k, v := range tc.wantLabels {
+					if crd.Labels[k] != v {
+						t.Errorf("%s label %s = %q, want %q", crd.Name, k, crd.Labels[k], v)
+					}
+				}
+				if len(crd.Labels) != len(tc.wantLabels) {
+					t.Errorf("%s labels = %v, want %v", crd.Name, crd.Labels, tc.wantLabels)
+				}
+			}
+			if strings.Join(names, ",") != strings.Join(tc.wantNames, ",") {
+				t.Errorf("CRDs = %v, want %v", names, tc.wantNames)
+			}
+		})
+	}
+}
+
+// The pinned upstream modules must yield the kinds Cozy uses, carrying the
+// Cluster API contract labels that kustomize would have added.
+func TestUpstreamCRDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	crds, err := LoadCRDs(ctx, UpstreamCRDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]map[string]string{}
+	for _, crd := range crds {
+		byName[crd.Name] = crd.Labels
+	}
+	want := map[string]map[string]string{
+		"clusters.cluster.x-k8s.io":                                {},
+		"machinedeployments.cluster.x-k8s.io":                      {},
+		"kubeadmconfigtemplates.bootstrap.cluster.x-k8s.io":        {"cluster.x-k8s.io/v1beta2": "v1beta2"},
+		"kamajicontrolplanes.controlplane.cluster.x-k8s.io":        {"cluster.x-k8s.io/v1beta2": "v1alpha2"},
+		"kubevirtclusters.infrastructure.cluster.x-k8s.io":         {"cluster.x-k8s.io/v1beta1": "v1alpha1"},
+		"kubevirtmachinetemplates.infrastructure.cluster.x-k8s.io": {"cluster.x-k8s.io/v1beta1": "v1alpha1"},
+		"helmreleases.helm.toolkit.fluxcd.io":                      {},
+		"gitrepositories.source.toolkit.fluxcd.io":                 {},
+		"kustomizations.kustomize.toolkit.fluxcd.io":               {},
+	}
+	for name, labels := range want {
+		got, ok := byName[name]
+		if !ok {
+			t.Errorf("CRD %s not loaded", name)
+			continue
+		}
+		for k, v := range labels {
+			if got[k] != v {
+				t.Errorf("CRD %s label %s = %q, want %q", name, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestModuleDirUnknownModule(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := ModuleDir(ctx, "sigs.k8s.io/cluster-api", "v0.0.0-not-a-version")
+	if err == nil || !strings.Contains(err.Error(), "go mod download sigs.k8s.io/cluster-api@v0.0.0-not-a-version") {
+		t.Fatalf("error = %v, want one naming the module", err)
+	}
+}
