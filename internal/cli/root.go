@@ -29,8 +29,14 @@ type Globals struct {
 	logger *slog.Logger
 }
 
-// Logger returns the logger for progress messages; it writes to stderr.
-func (g *Globals) Logger() *slog.Logger { return g.logger }
+// Logger returns the logger for progress messages; it writes to stderr at
+// the --log-level given. Call it only once flags are parsed (in Run).
+func (g *Globals) Logger() *slog.Logger {
+	if g.logger == nil {
+		g.logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.Level(g.LogLevel)}))
+	}
+	return g.logger
+}
 
 // Print writes a command result to stdout in the chosen -o format.
 func (g *Globals) Print(v any) error { return output.Print(g.stdout, g.Output, v) }
@@ -38,6 +44,11 @@ func (g *Globals) Print(v any) error { return output.Print(g.stdout, g.Output, v
 // NewRootCommand builds the cozyctl command tree writing results to stdout
 // and progress and errors to stderr.
 func NewRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	root, _ := newRoot(stdout, stderr)
+	return root
+}
+
+func newRoot(stdout, stderr io.Writer) (*cobra.Command, *Globals) {
 	g := &Globals{
 		Output:   output.Table,
 		LogLevel: logLevel(slog.LevelInfo),
@@ -52,9 +63,6 @@ from one rack file, hands it to Flux for the platform layer, and runs a
 QEMU lab rack to try all of it on one machine.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
-			g.logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.Level(g.LogLevel)}))
-		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -68,7 +76,7 @@ QEMU lab rack to try all of it on one machine.`,
 	_ = root.MarkPersistentFlagFilename("kubeconfig")
 
 	root.AddCommand(newVersionCommand(g))
-	return root
+	return root, g
 }
 
 // Execute runs cozyctl with args and returns the process exit code. Errors

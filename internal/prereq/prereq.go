@@ -19,6 +19,7 @@ func Missing(t testing.TB, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if InCI() {
 		t.Fatalf("missing prerequisite (CI=true, so this fails instead of skipping): %s", msg)
+		return
 	}
 	t.Skipf("missing prerequisite: %s", msg)
 }

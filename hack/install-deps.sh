@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Cozy's tests need. As root it runs apt-get
+# for whatever is missing; otherwise it names the missing packages and
+# fails, so a test run never starts without them.
+set -euo pipefail
+
+packages=(
+	git             # the version stamp of `make build`; gittestserver later
+	make
+	ca-certificates
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+	exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+	echo "install-deps: missing Debian packages: ${missing[*]}" >&2
+	echo "install-deps: run: sudo apt-get install -y ${missing[*]}" >&2
+	exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
