@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
+	github.com/pin/tftp/v3 v3.1.0
 	github.com/siderolabs/talos/pkg/machinery v1.13.0
 	github.com/spf13/cobra v1.10.2
 	k8s.io/api v0.37.2
