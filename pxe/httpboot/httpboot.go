@@ -1,0 +1,123 @@
+// Package httpboot serves what iPXE and UEFI HTTP-boot firmware fetch over
+// HTTP: a per-machine iPXE script, the kernel and initramfs (with Range
+// requests, so interrupted downloads resume), and the iPXE binaries.
+package httpboot
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// Server is the netboot HTTP server's handler.
+type Server struct {
+	// Script returns the iPXE script for a machine, or false if this server
+	// does not boot it (the request gets 404).
+	Script func(mac net.HardwareAddr) (string, bool)
+	// Assets are kernels and initramfs images by URL name, under /assets/.
+	Assets map[string]string
+	// BootFiles are iPXE binaries by name, under /boot/ (UEFI HTTP boot).
+	BootFiles map[string]string
+	// Log receives one line per request; nil discards.
+	Log *slog.Logger
+}
+
+// Handler returns the routes:
+//
+//	GET /ipxe/{mac}.ipxe   iPXE script (mac as 52-54-00-12-34-56)
+//	GET /assets/{name}     kernel, initramfs
+//	GET /boot/{name}       iPXE binaries
+//	GET /healthz           liveness
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/{file}", s.script)
+	mux.HandleFunc("GET /assets/{name}", s.files(s.Assets))
+	mux.HandleFunc("GET /boot/{name}", s.files(s.BootFiles))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	return s.logged(mux)
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+func (s *Server) script(w http.ResponseWriter, r *http.Request) {
+	name, ok := strings.CutSuffix(r.PathValue("file"), ".ipxe")
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	mac, err := net.ParseMAC(strings.ReplaceAll(name, "-", ":"))
+	if err != nil || len(mac) != 6 {
+		http.Error(w, "not a MAC address", http.StatusBadRequest)
+		return
+	}
+	script, ok := s.Script(mac)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write([]byte(script))
+}
+
+// files serves a fixed set of files by name; names outside the set are 404
+// whatever they contain, so there is no path to traverse.
+func (s *Server) files(set map[string]string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, ok := set[r.PathValue("name")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			s.logger().Error("open boot asset", "name", r.PathValue("name"), "err", err)
+			http.Error(w, "asset unavailable", http.StatusInternalServerError)
+			return
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			http.Error(w, "asset unavailable", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		// ServeContent answers Range and If-Range, so a client can resume.
+		http.ServeContent(w, r, "", fi.ModTime(), f)
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	n, err := r.ResponseWriter.Write(b)
+	r.bytes += int64(n)
+	return n, err
+}
+
+func (s *Server) logged(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		s.logger().Info("http", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr,
+			"status", rec.status, "bytes", rec.bytes, "duration", time.Since(start))
+	})
+}

@@ -1,0 +1,73 @@
+package httpboot
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestHandler(t *testing.T) {
+	dir := t.TempDir()
+	kernel := bytes.Repeat([]byte("0123456789"), 1000)
+	kpath := filepath.Join(dir, "vmlinuz")
+	if err := os.WriteFile(kpath, kernel, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	known := net.HardwareAddr{0x52, 0x54, 0, 0xab, 0xcd, 0xef}
+	s := &Server{
+		Script: func(mac net.HardwareAddr) (string, bool) {
+			return "#!ipxe\nboot\n", bytes.Equal(mac, known)
+		},
+		Assets:    map[string]string{"vmlinuz": kpath, "gone": filepath.Join(dir, "missing")},
+		BootFiles: map[string]string{"ipxe.efi": kpath},
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+
+	tests := []struct {
+		name       string
+		path       string
+		rangeHdr   string
+		wantStatus int
+		wantBody   []byte
+	}{
+		{"script for a known machine", "/ipxe/52-54-00-ab-cd-ef.ipxe", "", 200, []byte("#!ipxe\nboot\n")},
+		{"script MAC in upper case", "/ipxe/52-54-00-AB-CD-EF.ipxe", "", 200, []byte("#!ipxe\nboot\n")},
+		{"unknown machine", "/ipxe/52-54-00-aa-bb-cc.ipxe", "", 404, nil},
+		{"not a MAC", "/ipxe/nonsense.ipxe", "", 400, nil},
+		{"no .ipxe suffix", "/ipxe/52-54-00-ab-cd-ef", "", 404, nil},
+		{"whole kernel", "/assets/vmlinuz", "", 200, kernel},
+		{"kernel range resumes", "/assets/vmlinuz", "bytes=9000-", 206, kernel[9000:]},
+		{"kernel middle range", "/assets/vmlinuz", "bytes=10-19", 206, kernel[10:20]},
+		{"unsatisfiable range", "/assets/vmlinuz", "bytes=20000-", 416, nil},
+		{"iPXE binary for HTTP boot", "/boot/ipxe.efi", "", 200, kernel},
+		{"asset not in the set", "/assets/..%2f..%2fetc%2fpasswd", "", 404, nil},
+		{"asset whose file vanished", "/assets/gone", "", 500, nil},
+		{"health", "/healthz", "", 200, []byte("ok\n")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", srv.URL+tc.path, nil)
+			if tc.rangeHdr != "" {
+				req.Header.Set("Range", tc.rangeHdr)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.wantStatus {
+				t.Fatalf("status %d, want %d (%s)", resp.StatusCode, tc.wantStatus, body)
+			}
+			if tc.wantBody != nil && !bytes.Equal(body, tc.wantBody) {
+				t.Errorf("body: got %d bytes, want %d", len(body), len(tc.wantBody))
+			}
+		})
+	}
+}
