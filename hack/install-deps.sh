@@ -8,6 +8,7 @@ packages=(
 	git             # the version stamp of `make build`; gittestserver later
 	make
 	ca-certificates
+	iproute2        # network namespaces and veth pairs for network tests
 )
 
 missing=()

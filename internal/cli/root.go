@@ -76,6 +76,7 @@ QEMU lab rack to try all of it on one machine.`,
 	_ = root.MarkPersistentFlagFilename("kubeconfig")
 
 	root.AddCommand(newVersionCommand(g))
+	root.AddCommand(newPXECommand(g))
 	return root, g
 }
 

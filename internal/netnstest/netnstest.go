@@ -1,0 +1,137 @@
+// Package netnstest gives tests private networks: network namespaces joined
+// by veth pairs, created by the test and deleted when it ends, so test
+// traffic never reaches a real network. It needs root; without root a test
+// fails under CI=true and skips elsewhere (see prereq).
+package netnstest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"cozy.dev/cozy/internal/prereq"
+)
+
+// NS is a network namespace made for one test.
+type NS struct {
+	Name string
+}
+
+var counter atomic.Int64
+
+// New creates a namespace with its loopback up and deletes it (and every
+// interface in it) when the test ends.
+func New(t testing.TB, label string) *NS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		prereq.Missing(t, "the ip command (Debian iproute2) is not installed")
+	}
+	name := fmt.Sprintf("cozyt-%d-%d-%s", os.Getpid(), counter.Add(1), label)
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() {
+		// Kill anything still inside, then remove the namespace.
+		if out, err := exec.Command("ip", "netns", "pids", name).Output(); err == nil {
+			for _, f := range strings.Fields(string(out)) {
+				// Our own process shows up while a Do thread is still exiting.
+				if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("delete netns %s: %v: %s", name, err, out)
+		}
+	})
+	ns := &NS{Name: name}
+	ns.IP(t, "link", "set", "lo", "up")
+	return ns
+}
+
+// IP runs `ip ARGS...` inside the namespace.
+func (n *NS) IP(t testing.TB, args ...string) {
+	t.Helper()
+	run(t, "ip", append([]string{"-n", n.Name}, args...)...)
+}
+
+// Command runs a program inside the namespace.
+func (n *NS) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// Veth joins a and b with a veth pair named aName (in a) and bName (in b)
+// and brings both ends up. Addresses in CIDR form are optional ("" for none).
+func Veth(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) {
+	t.Helper()
+	// Create in a, then move one end, so no interface ever sits in the
+	// host's namespace under a name that could collide.
+	a.IP(t, "link", "add", aName, "type", "veth", "peer", "name", bName)
+	a.IP(t, "link", "set", bName, "netns", b.Name)
+	for _, end := range []struct {
+		ns         *NS
+		name, addr string
+	}{{a, aName, aAddr}, {b, bName, bAddr}} {
+		if end.addr != "" {
+			end.ns.IP(t, "addr", "add", end.addr, "dev", end.name)
+		}
+		end.ns.IP(t, "link", "set", end.name, "up")
+	}
+}
+
+// Do runs f on an OS thread that has joined the namespace. Sockets f
+// creates belong to the namespace for their whole life, wherever they are
+// used afterwards. The thread is discarded after f.
+func (n *NS) Do(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the goroutine's exit ends the thread, so no
+		// other goroutine ever runs in the namespace by accident.
+		runtime.LockOSThread()
+		fd, err := unix.Open("/run/netns/"+n.Name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open netns %s: %w", n.Name, err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", n.Name, err)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
+}
+
+// DialContext dials from inside the namespace; use it as an
+// http.Transport's DialContext.
+func (n *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := n.Do(func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+func run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}
