@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fetches a Linux kernel that netboot and lab tests boot in QEMU: Debian's
+# linux-image-amd64 (through apt, the only package source here), unpacked
+# with dpkg -x, never installed. Prints a directory holding:
+#
+#   vmlinuz            the kernel
+#   modules/*.ko       the virtio NIC drivers, in load order (modules.order)
+#
+# Cached in $COZY_CACHE_DIR/boot/<package>_<version>; a cached copy returns
+# at once. Written to a temporary directory and renamed, so an interrupted
+# run leaves nothing half-done.
+set -euo pipefail
+
+cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
+log() { echo "boot-assets: $*" >&2; }
+
+pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')"
+if [[ -z "$pkg" ]]; then
+	log "apt does not know linux-image-amd64; run apt-get update"
+	exit 1
+fi
+version="$(apt-cache policy "$pkg" | awk '/Candidate:/ { print $2 }')"
+out="$cache_root/boot/${pkg}_${version}"
+if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
+	echo "$out"
+	exit 0
+fi
+
+mkdir -p "$cache_root/boot"
+work="$(mktemp -d "$cache_root/boot/.fetch.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+log "downloading $pkg $version (about 70 MB)"
+# apt's sandbox user cannot write to root's temp dirs; download as root.
+(cd "$work" && apt-get download -o APT::Sandbox::User=root "$pkg=$version" >&2)
+dpkg -x "$work"/*.deb "$work/x"
+
+mkdir -p "$work/out/modules"
+cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
+moddir="$(echo "$work"/x/lib/modules/*)"
+# virtio-net and what it depends on, in dependency order.
+for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko \
+	drivers/virtio/virtio_pci_modern_dev.ko drivers/virtio/virtio_pci_legacy_dev.ko \
+	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
+	drivers/net/virtio_net.ko; do
+	cp "$moddir/kernel/$m" "$work/out/modules/"
+	basename "$m" >>"$work/out/modules.order"
+done
+rm -rf "$out"
+mv "$work/out" "$out"
+log "kernel $(basename "$moddir") in $out"
+echo "$out"
