@@ -39,8 +39,9 @@ unit: ## Unit tests: fast, no root, no API server
 	$(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test
-test: envtest ## Unit and integration tests (real kube-apiserver + etcd with upstream CRDs)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" $(GO) test -tags integration $(TEST_FLAGS) ./...
+test: envtest ## Unit and integration tests: real kube-apiserver + etcd, network namespaces, QEMU netboot (root)
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
+		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab-test
 lab-test: ## QEMU lab tests (PXE boot and bootstrap of a VM rack)

@@ -14,13 +14,22 @@ set -euo pipefail
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 log() { echo "boot-assets: $*" >&2; }
 
-pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')"
-if [[ -z "$pkg" ]]; then
-	log "apt does not know linux-image-amd64; run apt-get update"
-	exit 1
+kernel_package() {
+	pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')"
+	version="$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ { print $2 }')"
+	[[ -n "$pkg" && -n "$version" && "$version" != "(none)" ]]
+}
+if ! kernel_package; then
+	if [[ $(id -u) -ne 0 ]]; then
+		log "apt does not know linux-image-amd64; run: sudo apt-get update"
+		exit 1
+	fi
+	apt-get update -qq >&2
+	kernel_package || { log "apt has no linux-image-amd64"; exit 1; }
 fi
-version="$(apt-cache policy "$pkg" | awk '/Candidate:/ { print $2 }')"
-out="$cache_root/boot/${pkg}_${version}"
+# Bump layout when what this script extracts changes.
+layout=2
+out="$cache_root/boot/${pkg}_${version}_v${layout}"
 if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
 	echo "$out"
 	exit 0
@@ -31,15 +40,22 @@ work="$(mktemp -d "$cache_root/boot/.fetch.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 log "downloading $pkg $version (about 70 MB)"
 # apt's sandbox user cannot write to root's temp dirs; download as root.
-(cd "$work" && apt-get download -o APT::Sandbox::User=root "$pkg=$version" >&2)
+if ! (cd "$work" && apt-get download -o APT::Sandbox::User=root "$pkg=$version" >&2); then
+	# Stale package lists name a version the mirror no longer has.
+	[[ $(id -u) -eq 0 ]] || exit 1
+	apt-get update -qq >&2
+	kernel_package
+	(cd "$work" && apt-get download -o APT::Sandbox::User=root "$pkg=$version" >&2)
+fi
 dpkg -x "$work"/*.deb "$work/x"
 
 mkdir -p "$work/out/modules"
 cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
 moddir="$(echo "$work"/x/lib/modules/*)"
-# virtio-net and what it depends on, in dependency order.
-for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko \
-	drivers/virtio/virtio_pci_modern_dev.ko drivers/virtio/virtio_pci_legacy_dev.ko \
+# virtio-net and what it depends on, in dependency order (modules.dep of
+# this kernel: virtio needs virtio_ring's symbols, and so on).
+for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
+	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
 	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
 	drivers/net/virtio_net.ko; do
 	cp "$moddir/kernel/$m" "$work/out/modules/"

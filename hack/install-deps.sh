@@ -9,6 +9,13 @@ packages=(
 	make
 	ca-certificates
 	iproute2        # network namespaces and veth pairs for network tests
+	qemu-system-x86 # VMs that PXE-boot in the netboot and lab tests
+	ovmf            # UEFI firmware for those VMs
+	ipxe-qemu       # QEMU's NIC boot ROMs (iPXE)
+	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
+	busybox-static  # the userland of test initramfs images
+	dnsmasq-base    # a real DHCP server for proxy mode to run beside
+	cpio            # cross-checks the initramfs writer
 )
 
 missing=()

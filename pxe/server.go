@@ -199,7 +199,7 @@ func Serve(ctx context.Context, cfg Config) error {
 				if !allowed(mac) {
 					return "", false
 				}
-				log.Info("ipxe script", "mac", mac)
+				log.Info("ipxe script", "mac", mac.String())
 				return script, true
 			},
 			Assets:    assets,
@@ -277,11 +277,11 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, proxy *dhcp.Proxy, port i
 		}
 		reply, outcome, err := proxy.Reply(req, port)
 		if err != nil {
-			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr, "port", port, "err", err)
+			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "err", err)
 			continue
 		}
 		if reply == nil {
-			log.Debug("dhcp request ignored", "mac", req.ClientHWAddr, "port", port, "outcome", outcome)
+			log.Debug("dhcp request ignored", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome)
 			continue
 		}
 		dst := &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}
@@ -295,6 +295,6 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, proxy *dhcp.Proxy, port i
 			log.Warn("dhcp send", "to", dst, "err", err)
 			continue
 		}
-		log.Info("dhcp reply", "mac", req.ClientHWAddr, "port", port, "outcome", outcome, "file", reply.BootFileName, "to", dst)
+		log.Info("dhcp reply", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome, "file", reply.BootFileName, "to", dst)
 	}
 }

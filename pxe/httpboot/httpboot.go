@@ -117,7 +117,7 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		s.logger().Info("http", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr,
+		s.logger().Info("http", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "agent", r.UserAgent(),
 			"status", rec.status, "bytes", rec.bytes, "duration", time.Since(start))
 	})
 }

@@ -1,0 +1,318 @@
+//go:build integration
+
+package pxe_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/lab/initramfs"
+)
+
+// The proof a VM booted: its kernel's busybox fetches the VM's iPXE script
+// from the netboot server once more, with wget instead of iPXE.
+const initScript = `#!/bin/sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+echo "cozy-initramfs: kernel $(uname -r) booted"
+for m in $(cat /lib/modules/modules.order); do insmod /lib/modules/$m; done
+ip link set eth0 up
+udhcpc -i eth0 -n -q -t 20 -s /bin/udhcpc.script
+mac=$(tr : - </sys/class/net/eth0/address)
+server=$(sed -n 's/.*cozy.server=\([^ ]*\).*/\1/p' /proc/cmdline)
+if wget -q -O /tmp/script "http://$server/ipxe/$mac.ipxe"; then
+	echo "cozy-initramfs: fetched http://$server/ipxe/$mac.ipxe"
+fi
+poweroff -f
+`
+
+const udhcpcScript = `#!/bin/sh
+case "$1" in bound|renew) ip addr add "$ip/${mask:-24}" dev "$interface" ;; esac
+`
+
+// bootInitramfs builds the test's initramfs: static busybox, the virtio NIC
+// modules of the Debian kernel, and initScript.
+func bootInitramfs(t *testing.T, assets string) string {
+	t.Helper()
+	var a initramfs.Archive
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		prereq.Missing(t, "static busybox (Debian busybox-static): %v", err)
+	}
+	a.File("bin/busybox", 0o755, bb)
+	a.Symlink("bin/sh", "busybox")
+	a.File("init", 0o755, []byte(initScript))
+	a.File("bin/udhcpc.script", 0o755, []byte(udhcpcScript))
+	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
+		a.Dir(d, 0o755)
+	}
+	order, err := os.ReadFile(filepath.Join(assets, "modules.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.File("lib/modules/modules.order", 0o644, order)
+	for _, m := range strings.Fields(string(order)) {
+		ko, err := os.ReadFile(filepath.Join(assets, "modules", m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.File("lib/modules/"+m, 0o644, ko)
+	}
+	p := filepath.Join(t.TempDir(), "initramfs.gz")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := a.WriteTo(f); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type vm struct {
+	name     string
+	firmware string // bios or uefi
+	mac      net.HardwareAddr
+	tap      string
+	serial   string
+}
+
+// nicROM picks the NIC's boot ROM. SeaBIOS can only netboot through an
+// option ROM, and QEMU's is iPXE itself (it gets the script at once). OVMF
+// gets none, so it uses its own UEFI PXE, as a server's firmware would:
+// DHCP, TFTP of Debian's ipxe.efi, then iPXE's script.
+func nicROM(firmware string) string {
+	if firmware == "uefi" {
+		return ",romfile="
+	}
+	return ""
+}
+
+func (v *vm) args(t *testing.T, dir string) []string {
+	t.Helper()
+	disk := filepath.Join(dir, v.name+".raw")
+	if err := os.WriteFile(disk, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(disk, 1<<30); err != nil { // an empty disk, as on a new server
+		t.Fatal(err)
+	}
+	args := []string{
+		"-accel", "tcg", // KVM breaks real-mode firmware on these machines (DESIGN.md)
+		"-m", "512", "-smp", "1",
+		"-display", "none", "-monitor", "none", "-no-reboot",
+		"-serial", "file:" + v.serial,
+		"-netdev", "tap,id=n0,ifname=" + v.tap + ",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac=" + v.mac.String() + nicROM(v.firmware),
+		"-drive", "file=" + disk + ",format=raw,if=virtio",
+		"-boot", "order=n",
+	}
+	if v.firmware == "uefi" {
+		vars := filepath.Join(dir, v.name+"-vars.fd")
+		b, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
+		if err != nil {
+			prereq.Missing(t, "OVMF (Debian ovmf): %v", err)
+		}
+		if err := os.WriteFile(vars, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "-machine", "q35",
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
+	} else {
+		args = append(args, "-machine", "pc")
+	}
+	return args
+}
+
+// TestQEMUNetboot PXE-boots a SeaBIOS VM and an OVMF VM from `cozyctl pxe
+// serve` in proxy mode, beside dnsmasq handing out the addresses, into a
+// Debian kernel and a busybox initramfs.
+func TestQEMUNetboot(t *testing.T) {
+	for _, bin := range []string{"qemu-system-x86_64", "dnsmasq"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			prereq.Missing(t, "%s is not installed (see hack/install-deps.sh)", bin)
+		}
+	}
+	assets := os.Getenv("COZY_BOOT_ASSETS")
+	if assets == "" {
+		prereq.Missing(t, "COZY_BOOT_ASSETS is not set: run `make test`, or export COZY_BOOT_ASSETS=$(hack/boot-assets.sh)")
+	}
+	initrd := bootInitramfs(t, assets)
+	dir := t.TempDir() // disks, firmware variables
+	logDir := dir
+	if d := os.Getenv("COZY_TEST_ARTIFACTS"); d != "" {
+		// Keep serial logs for people reading a CI run.
+		logDir = filepath.Join(d, "qemu-netboot")
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ns := netnstest.New(t, "rack")
+	const server = "10.77.1.1"
+	ns.IP(t, "link", "add", "br0", "type", "bridge")
+	ns.IP(t, "addr", "add", server+"/24", "dev", "br0")
+	ns.IP(t, "link", "set", "br0", "up")
+	vms := []*vm{
+		{name: "bios", firmware: "bios", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
+		{name: "uefi", firmware: "uefi", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
+	}
+	for _, v := range vms {
+		ns.IP(t, "tuntap", "add", v.tap, "mode", "tap")
+		ns.IP(t, "link", "set", v.tap, "master", "br0", "up")
+		v.serial = filepath.Join(logDir, v.name+"-serial.log")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// dnsmasq owns the addresses; Cozy only adds boot information.
+	dnsmasqLog := &syncBuffer{}
+	dnsmasq := ns.Command(ctx, "dnsmasq", "--keep-in-foreground", "--no-daemon", "--port=0",
+		"--interface=br0", "--bind-interfaces", "--dhcp-range=10.77.1.100,10.77.1.199,255.255.255.0,1h",
+		"--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"), "--no-resolv", "--no-hosts", "--log-dhcp",
+		"--pid-file=", "--conf-file=/dev/null")
+	dnsmasq.Stderr = dnsmasqLog
+	if err := dnsmasq.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = dnsmasq.Process.Kill(); _ = dnsmasq.Wait() }()
+
+	self, _ := os.Executable()
+	serverLog := &syncBuffer{}
+	args := []string{"pxe", "serve", "--interface", "br0",
+		"--kernel", filepath.Join(assets, "vmlinuz"), "--initrd", initrd,
+		"--cmdline", "console=ttyS0 panic=-1 cozy.server=" + server + ":8080"}
+	for _, v := range vms {
+		args = append(args, "--allow-mac", v.mac.String())
+	}
+	srv := ns.Command(ctx, self, args...)
+	srv.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	srv.Stderr = serverLog
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = srv.Process.Signal(syscall.SIGTERM)
+		_ = srv.Wait()
+	}()
+
+	var qemus []*exec.Cmd
+	for _, v := range vms {
+		q := ns.Command(ctx, "qemu-system-x86_64", v.args(t, dir)...)
+		q.Stderr = &syncBuffer{}
+		if err := q.Start(); err != nil {
+			t.Fatal(err)
+		}
+		qemus = append(qemus, q)
+	}
+	defer func() {
+		for _, q := range qemus {
+			_ = q.Process.Kill()
+			_ = q.Wait()
+		}
+	}()
+
+	// iPXE fetches the script first, then the booted kernel's wget does.
+	deadline := time.Now().Add(8 * time.Minute)
+	pending := map[string]*vm{}
+	for _, v := range vms {
+		pending[v.name] = v
+	}
+	for len(pending) > 0 && time.Now().Before(deadline) {
+		log := serverLog.String()
+		for name, v := range pending {
+			path := "path=/ipxe/" + strings.ReplaceAll(v.mac.String(), ":", "-") + ".ipxe"
+			if hasLine(log, path, "agent=iPXE") && hasLine(log, path, "agent=Wget") {
+				t.Logf("%s VM netbooted its kernel", name)
+				delete(pending, name)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	if len(pending) > 0 {
+		for _, v := range vms {
+			serial, _ := os.ReadFile(v.serial)
+			t.Logf("--- %s serial (last 3000 bytes):\n%s", v.name, tail(serial, 3000))
+		}
+		t.Logf("--- dnsmasq:\n%s", tail([]byte(dnsmasqLog.String()), 3000))
+		t.Fatalf("VMs not booted after 8 minutes: %v\n--- server log:\n%s", keys(pending), tail([]byte(serverLog.String()), 6000))
+	}
+	// The boot chain, for whoever reads the test output.
+	for _, line := range strings.Split(serverLog.String(), "\n") {
+		if strings.Contains(line, "dhcp reply") || strings.Contains(line, "tftp sent") || strings.Contains(line, "msg=http") {
+			t.Log(line)
+		}
+	}
+	// The UEFI VM took the firmware PXE path: TFTP of Debian's ipxe.efi.
+	if !hasLine(serverLog.String(), "tftp sent", "file=ipxe.efi") {
+		t.Errorf("UEFI VM did not load ipxe.efi over TFTP:\n%s", serverLog.String())
+	}
+	for _, v := range vms {
+		serial, _ := os.ReadFile(v.serial)
+		if !bytes.Contains(serial, []byte("cozy-initramfs: fetched")) {
+			t.Errorf("%s serial console lacks the initramfs's own report", v.name)
+		}
+	}
+}
+
+func hasLine(log string, subs ...string) bool {
+	for _, line := range strings.Split(log, "\n") {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(line, s)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func keys(m map[string]*vm) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// syncBuffer is a bytes.Buffer safe for a process writing while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
