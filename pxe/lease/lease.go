@@ -1,0 +1,390 @@
+// Package lease keeps the full-DHCP-mode address leases of the netboot
+// server: which address belongs to which MAC until when. Every grant is
+// written to an append-only journal and fsynced before the caller may send
+// its DHCPACK, so a crash at any moment loses no granted lease and a
+// restarted server never hands a granted address to someone else.
+package lease
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Pool is the range of addresses the server may hand out.
+type Pool struct {
+	First, Last netip.Addr
+}
+
+// ParsePool reads "FROM-TO", e.g. "10.8.0.100-10.8.0.199".
+func ParsePool(s string) (Pool, error) {
+	from, to, ok := bytes.Cut([]byte(s), []byte("-"))
+	if !ok {
+		return Pool{}, fmt.Errorf("range %q: want FROM-TO, e.g. 10.8.0.100-10.8.0.199", s)
+	}
+	first, err1 := netip.ParseAddr(string(from))
+	last, err2 := netip.ParseAddr(string(to))
+	if err1 != nil || err2 != nil || !first.Is4() || !last.Is4() {
+		return Pool{}, fmt.Errorf("range %q: want two IPv4 addresses", s)
+	}
+	if last.Less(first) {
+		return Pool{}, fmt.Errorf("range %q: %s comes after %s", s, first, last)
+	}
+	return Pool{First: first, Last: last}, nil
+}
+
+// Contains reports whether ip is in the pool.
+func (p Pool) Contains(ip netip.Addr) bool {
+	return ip.Is4() && !ip.Less(p.First) && !p.Last.Less(ip)
+}
+
+func (p Pool) String() string { return p.First.String() + "-" + p.Last.String() }
+
+// Lease is one address granted to one client.
+type Lease struct {
+	MAC     string     `json:"mac"`
+	IP      netip.Addr `json:"ip"`
+	Expires time.Time  `json:"expires"`
+}
+
+// record is one journal line.
+type record struct {
+	Op      string     `json:"op"` // grant, release, decline
+	MAC     string     `json:"mac,omitempty"`
+	IP      netip.Addr `json:"ip"`
+	Expires time.Time  `json:"expires"`
+}
+
+// Errors callers turn into DHCPNAK or silence.
+var (
+	ErrPoolExhausted = errors.New("no free address in the pool")
+	ErrTaken         = errors.New("address leased to another client")
+	ErrOutOfPool     = errors.New("address outside the pool")
+)
+
+// declineHold is how long an address a client declined (someone else
+// answered ARP for it) stays out of use.
+const declineHold = 10 * time.Minute
+
+// offerHold keeps an offered address for its client while the client
+// decides, so two clients are not offered the same address.
+const offerHold = 30 * time.Second
+
+// Store holds the leases of one pool.
+type Store struct {
+	pool Pool
+	now  func() time.Time
+	// static maps a MAC to a reserved address; reserved addresses may lie
+	// outside the pool and are never given to anyone else.
+	static map[string]netip.Addr
+
+	mu       sync.Mutex
+	byIP     map[netip.Addr]*Lease
+	byMAC    map[string]*Lease
+	declined map[netip.Addr]time.Time
+	offers   map[netip.Addr]offer
+	journal  *os.File
+	path     string
+}
+
+type offer struct {
+	mac     string
+	expires time.Time
+}
+
+// Open loads the leases in dir (creating it if needed) and compacts the
+// journal. static reserves addresses for MACs; now is the clock (time.Now
+// when nil).
+func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.Time) (*Store, error) {
+	if now == nil {
+		now = time.Now
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("lease state dir: %w", err)
+	}
+	s := &Store{
+		pool: pool, now: now, static: map[string]netip.Addr{},
+		byIP: map[netip.Addr]*Lease{}, byMAC: map[string]*Lease{},
+		declined: map[netip.Addr]time.Time{}, offers: map[netip.Addr]offer{},
+		path: filepath.Join(dir, "leases.jsonl"),
+	}
+	for mac, ip := range static {
+		s.static[normMAC(mac)] = ip
+	}
+	if err := s.load(); err != nil {
+		return nil, err
+	}
+	if err := s.compact(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func normMAC(mac string) string {
+	if hw, err := net.ParseMAC(mac); err == nil {
+		return hw.String()
+	}
+	return mac
+}
+
+// load replays the journal. A last line without its newline is a write the
+// crash interrupted: its DHCPACK was never sent, so it is dropped. Any other
+// unreadable line is an error: guessing could hand out a granted address.
+func (s *Store) load() error {
+	data, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read leases: %w", err)
+	}
+	if i := bytes.LastIndexByte(data, '\n'); i < len(data)-1 {
+		data = data[:i+1]
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		var r record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return fmt.Errorf("%s line %d: %w (move the file aside to start without leases)", s.path, line, err)
+		}
+		s.apply(r)
+	}
+	return sc.Err()
+}
+
+func (s *Store) apply(r record) {
+	switch r.Op {
+	case "grant":
+		if old := s.byMAC[r.MAC]; old != nil && old.IP != r.IP {
+			delete(s.byIP, old.IP)
+		}
+		if old := s.byIP[r.IP]; old != nil && old.MAC != r.MAC {
+			delete(s.byMAC, old.MAC)
+		}
+		l := &Lease{MAC: r.MAC, IP: r.IP, Expires: r.Expires}
+		s.byIP[r.IP], s.byMAC[r.MAC] = l, l
+	case "release":
+		if l := s.byIP[r.IP]; l != nil && l.MAC == r.MAC {
+			// Keep the binding so the client gets the same address back,
+			// but expired: anyone may take it.
+			l.Expires = r.Expires
+		}
+	case "decline":
+		if l := s.byIP[r.IP]; l != nil {
+			delete(s.byMAC, l.MAC)
+			delete(s.byIP, r.IP)
+		}
+		s.declined[r.IP] = r.Expires
+	}
+}
+
+// compact rewrites the journal as one grant per lease, atomically.
+func (s *Store) compact() error {
+	tmp := s.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("compact leases: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, l := range s.byIP {
+		_ = enc.Encode(record{Op: "grant", MAC: l.MAC, IP: l.IP, Expires: l.Expires})
+	}
+	for ip, until := range s.declined {
+		_ = enc.Encode(record{Op: "decline", IP: ip, Expires: until})
+	}
+	if err := errors.Join(w.Flush(), f.Sync(), f.Close()); err != nil {
+		return fmt.Errorf("compact leases: %w", err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		return fmt.Errorf("compact leases: %w", err)
+	}
+	if err := syncDir(filepath.Dir(s.path)); err != nil {
+		return err
+	}
+	s.journal, err = os.OpenFile(s.path, os.O_APPEND|os.O_WRONLY, 0o600)
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// write appends a record and fsyncs it: only then is a grant real.
+func (s *Store) write(r record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.journal.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("write lease journal: %w", err)
+	}
+	if err := s.journal.Sync(); err != nil {
+		return fmt.Errorf("sync lease journal: %w", err)
+	}
+	s.apply(r)
+	return nil
+}
+
+// Close closes the journal.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.journal.Close()
+}
+
+// usableBy reports whether ip may go to mac now.
+func (s *Store) usableBy(ip netip.Addr, mac string, now time.Time) error {
+	for m, r := range s.static {
+		if r == ip && m != mac {
+			return fmt.Errorf("%w: %s is reserved for %s", ErrTaken, ip, m)
+		}
+	}
+	if r, ok := s.static[mac]; ok {
+		if r != ip {
+			return fmt.Errorf("%w: %s has the reservation %s", ErrTaken, mac, r)
+		}
+	} else if !s.pool.Contains(ip) {
+		return fmt.Errorf("%w: %s not in %s", ErrOutOfPool, ip, s.pool)
+	}
+	if l := s.byIP[ip]; l != nil && l.MAC != mac && now.Before(l.Expires) {
+		return fmt.Errorf("%w: %s until %s", ErrTaken, ip, l.Expires.Format(time.RFC3339))
+	}
+	if until, ok := s.declined[ip]; ok && now.Before(until) {
+		return fmt.Errorf("%w: %s was declined (address conflict)", ErrTaken, ip)
+	}
+	if o, ok := s.offers[ip]; ok && o.mac != mac && now.Before(o.expires) {
+		return fmt.Errorf("%w: %s is offered to %s", ErrTaken, ip, o.mac)
+	}
+	return nil
+}
+
+// Offer picks the address for a DHCPOFFER: the client's reservation, its
+// current or last address, the address it asks for, or the next free one.
+// Nothing is written: an offer is not a grant.
+func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
+	mac = normMAC(mac)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	candidates := []netip.Addr{}
+	if r, ok := s.static[mac]; ok {
+		candidates = append(candidates, r)
+	} else {
+		if l := s.byMAC[mac]; l != nil {
+			candidates = append(candidates, l.IP)
+		}
+		if requested.IsValid() {
+			candidates = append(candidates, requested)
+		}
+	}
+	for _, ip := range candidates {
+		if s.usableBy(ip, mac, now) == nil {
+			s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
+			return ip, nil
+		}
+	}
+	if _, ok := s.static[mac]; ok {
+		return netip.Addr{}, s.usableBy(candidates[0], mac, now)
+	}
+	// Never-used addresses first, then expired ones, so a client that
+	// returns soon tends to find its old address still free.
+	var expired netip.Addr
+	for ip := s.pool.First; s.pool.Contains(ip); ip = ip.Next() {
+		if s.usableBy(ip, mac, now) != nil {
+			continue
+		}
+		if s.byIP[ip] == nil {
+			s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
+			return ip, nil
+		}
+		if !expired.IsValid() {
+			expired = ip
+		}
+	}
+	if expired.IsValid() {
+		s.offers[expired] = offer{mac: mac, expires: now.Add(offerHold)}
+		return expired, nil
+	}
+	return netip.Addr{}, ErrPoolExhausted
+}
+
+// Grant leases ip to mac for d, durably: when Grant returns nil the lease
+// survives any crash. It fails if ip may not go to mac.
+func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
+	mac = normMAC(mac)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if err := s.usableBy(ip, mac, now); err != nil {
+		return Lease{}, err
+	}
+	delete(s.offers, ip)
+	r := record{Op: "grant", MAC: mac, IP: ip, Expires: now.Add(d).UTC().Truncate(time.Second)}
+	if err := s.write(r); err != nil {
+		return Lease{}, err
+	}
+	return *s.byIP[ip], nil
+}
+
+// Release ends mac's lease on ip early (DHCPRELEASE).
+func (s *Store) Release(mac string, ip netip.Addr) error {
+	mac = normMAC(mac)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.byIP[ip]; l == nil || l.MAC != mac {
+		return nil // not ours to release; RFC 2131 has no reply anyway
+	}
+	return s.write(record{Op: "release", MAC: mac, IP: ip, Expires: s.now().UTC()})
+}
+
+// Decline takes ip out of use for a while: the client found it in use
+// (DHCPDECLINE after an ARP probe).
+func (s *Store) Decline(mac string, ip netip.Addr) error {
+	mac = normMAC(mac)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.pool.Contains(ip) {
+		return nil
+	}
+	if l := s.byIP[ip]; l != nil && l.MAC != mac {
+		return nil // someone else's lease: a forged or confused decline
+	}
+	return s.write(record{Op: "decline", IP: ip, Expires: s.now().Add(declineHold).UTC()})
+}
+
+// Lookup returns mac's lease, expired or not.
+func (s *Store) Lookup(mac string) (Lease, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.byMAC[normMAC(mac)]
+	if l == nil {
+		return Lease{}, false
+	}
+	return *l, true
+}
+
+// Leases returns a copy of every lease, expired ones included.
+func (s *Store) Leases() []Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Lease, 0, len(s.byIP))
+	for _, l := range s.byIP {
+		out = append(out, *l)
+	}
+	return out
+}

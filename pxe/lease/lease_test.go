@@ -1,0 +1,311 @@
+package lease
+
+import (
+	"bufio"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func mustPool(t testing.TB, s string) Pool {
+	t.Helper()
+	p, err := ParsePool(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+const (
+	macA = "52:54:00:00:00:0a"
+	macB = "52:54:00:00:00:0b"
+	macC = "52:54:00:00:00:0c"
+	macR = "52:54:00:00:00:ee"
+)
+
+func open(t *testing.T, dir string, c *clock) *Store {
+	t.Helper()
+	s, err := Open(dir, mustPool(t, "10.8.0.10-10.8.0.12"), map[string]netip.Addr{macR: ip("10.8.0.200")}, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestStore(t *testing.T) {
+	type step struct {
+		do      string // offer, grant, release, decline, reopen, wait
+		mac     string
+		ip      string        // requested or granted address
+		d       time.Duration // lease time or time to wait
+		want    string        // address expected from offer/grant
+		wantErr error
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"first free address, then the next", []step{
+			{do: "offer", mac: macA, want: "10.8.0.10"},
+			{do: "offer", mac: macB, want: "10.8.0.11"}, // A's offer is held
+			{do: "grant", mac: macA, ip: "10.8.0.10", d: time.Hour, want: "10.8.0.10"},
+			{do: "offer", mac: macA, want: "10.8.0.10"}, // same address on renewal
+		}},
+		{"requested address honoured when free", []step{
+			{do: "offer", mac: macA, ip: "10.8.0.12", want: "10.8.0.12"},
+			{do: "grant", mac: macA, ip: "10.8.0.12", d: time.Hour, want: "10.8.0.12"},
+			{do: "offer", mac: macB, ip: "10.8.0.12", want: "10.8.0.10"},
+			{do: "grant", mac: macB, ip: "10.8.0.12", d: time.Hour, wantErr: ErrTaken},
+			{do: "grant", mac: macB, ip: "10.9.9.9", d: time.Hour, wantErr: ErrOutOfPool},
+		}},
+		{"grants survive a restart", []step{
+			{do: "grant", mac: macA, ip: "10.8.0.11", d: time.Hour, want: "10.8.0.11"},
+			{do: "reopen"},
+			{do: "grant", mac: macB, ip: "10.8.0.11", d: time.Hour, wantErr: ErrTaken},
+			{do: "offer", mac: macA, want: "10.8.0.11"},
+		}},
+		{"pool exhaustion, then reuse after expiry", []step{
+			{do: "grant", mac: macA, ip: "10.8.0.10", d: time.Hour, want: "10.8.0.10"},
+			{do: "grant", mac: macB, ip: "10.8.0.11", d: time.Hour, want: "10.8.0.11"},
+			{do: "grant", mac: macC, ip: "10.8.0.12", d: time.Hour, want: "10.8.0.12"},
+			{do: "offer", mac: "52:54:00:00:00:0d", wantErr: ErrPoolExhausted},
+			{do: "wait", d: 2 * time.Hour},
+			{do: "offer", mac: "52:54:00:00:00:0d", want: "10.8.0.10"},
+		}},
+		{"release frees the address but remembers it", []step{
+			{do: "grant", mac: macA, ip: "10.8.0.10", d: time.Hour, want: "10.8.0.10"},
+			{do: "release", mac: macA, ip: "10.8.0.10"},
+			{do: "reopen"},
+			{do: "offer", mac: macA, want: "10.8.0.10"},                                // its old address
+			{do: "wait", d: time.Minute},                                               // A lets the offer lapse
+			{do: "grant", mac: macB, ip: "10.8.0.10", d: time.Hour, want: "10.8.0.10"}, // anyone may take it
+		}},
+		{"a release by someone else does nothing", []step{
+			{do: "grant", mac: macA, ip: "10.8.0.10", d: time.Hour, want: "10.8.0.10"},
+			{do: "release", mac: macB, ip: "10.8.0.10"},
+			{do: "grant", mac: macB, ip: "10.8.0.10", d: time.Hour, wantErr: ErrTaken},
+		}},
+		{"declined address rests ten minutes", []step{
+			{do: "offer", mac: macA, want: "10.8.0.10"},
+			{do: "decline", mac: macA, ip: "10.8.0.10"},
+			{do: "reopen"},
+			{do: "offer", mac: macA, want: "10.8.0.11"},
+			{do: "wait", d: 11 * time.Minute},
+			{do: "offer", mac: macB, want: "10.8.0.10"},
+		}},
+		{"reservations", []step{
+			{do: "offer", mac: macR, want: "10.8.0.200"},
+			{do: "grant", mac: macR, ip: "10.8.0.200", d: time.Hour, want: "10.8.0.200"},
+			{do: "grant", mac: macR, ip: "10.8.0.10", d: time.Hour, wantErr: ErrTaken},
+			{do: "grant", mac: macA, ip: "10.8.0.200", d: time.Hour, wantErr: ErrTaken},
+		}},
+		{"offer hold ends", []step{
+			{do: "offer", mac: macA, ip: "10.8.0.12", want: "10.8.0.12"},
+			{do: "grant", mac: macB, ip: "10.8.0.12", d: time.Hour, wantErr: ErrTaken},
+			{do: "wait", d: time.Minute},
+			{do: "grant", mac: macB, ip: "10.8.0.12", d: time.Hour, want: "10.8.0.12"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+			s := open(t, dir, c)
+			for i, st := range tc.steps {
+				var got netip.Addr
+				var err error
+				switch st.do {
+				case "offer":
+					var req netip.Addr
+					if st.ip != "" {
+						req = ip(st.ip)
+					}
+					got, err = s.Offer(st.mac, req)
+				case "grant":
+					var l Lease
+					l, err = s.Grant(st.mac, ip(st.ip), st.d)
+					got = l.IP
+				case "release":
+					err = s.Release(st.mac, ip(st.ip))
+				case "decline":
+					err = s.Decline(st.mac, ip(st.ip))
+				case "reopen":
+					s.Close()
+					s = open(t, dir, c)
+				case "wait":
+					c.t = c.t.Add(st.d)
+				}
+				if st.wantErr != nil {
+					if err == nil || !strings.Contains(err.Error(), st.wantErr.Error()) {
+						t.Fatalf("step %d %s %s: error %v, want %v", i, st.do, st.mac, err, st.wantErr)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("step %d %s %s: %v", i, st.do, st.mac, err)
+				}
+				if st.want != "" && got.String() != st.want {
+					t.Fatalf("step %d %s %s: got %s, want %s", i, st.do, st.mac, got, st.want)
+				}
+			}
+		})
+	}
+}
+
+func TestJournalDamage(t *testing.T) {
+	good := `{"op":"grant","mac":"52:54:00:00:00:0a","ip":"10.8.0.10","expires":"2030-01-01T00:00:00Z"}` + "\n"
+	tests := []struct {
+		name    string
+		journal string
+		wantIP  bool
+		wantErr string
+	}{
+		{"torn last line is a write that never finished", good + `{"op":"grant","mac":"52:54:00:00:0`, true, ""},
+		{"damage in the middle is refused", good + "garbage\n" + good, false, "line 2"},
+		{"empty file", "", false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "leases.jsonl"), []byte(tc.journal), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open(dir, mustPool(t, "10.8.0.10-10.8.0.12"), nil, nil)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if _, ok := s.Lookup(macA); ok != tc.wantIP {
+				t.Errorf("lease of %s present = %v, want %v", macA, ok, tc.wantIP)
+			}
+		})
+	}
+}
+
+func TestParsePool(t *testing.T) {
+	for _, bad := range []string{"", "10.0.0.1", "10.0.0.5-10.0.0.1", "a-b", "fd00::1-fd00::9"} {
+		if _, err := ParsePool(bad); err == nil {
+			t.Errorf("ParsePool(%q) accepted", bad)
+		}
+	}
+	p := mustPool(t, "10.0.0.1-10.0.0.3")
+	if !p.Contains(ip("10.0.0.3")) || p.Contains(ip("10.0.0.4")) {
+		t.Errorf("Contains wrong for %s", p)
+	}
+}
+
+// TestCrashSafety kills a process that is granting leases (kill -9, at
+// random moments) and checks that every lease it had reported as granted
+// is still there after a restart, with no address given twice.
+func TestCrashSafety(t *testing.T) {
+	if os.Getenv("COZY_LEASE_CHILD_DIR") != "" {
+		t.Skip("helper process")
+	}
+	dir := t.TempDir()
+	self, _ := os.Executable()
+	granted := map[string]string{} // mac -> ip, as reported by the child
+	next := 0
+	for round := range 8 {
+		cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
+		cmd.Env = append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lines := make(chan string)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		// Let it grant a few, then kill it without warning.
+		want := 5 + rand.IntN(40)
+		for n := 0; n < want; n++ {
+			line, ok := <-lines
+			if !ok {
+				break
+			}
+			mac, addr, _ := strings.Cut(line, " ")
+			granted[mac] = addr
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		for line := range lines { // reported before it died: granted too
+			mac, addr, _ := strings.Cut(line, " ")
+			granted[mac] = addr
+		}
+		_ = cmd.Wait()
+		next += 1000
+
+		s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
+		if err != nil {
+			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
+		}
+		seen := map[netip.Addr]string{}
+		for _, l := range s.Leases() {
+			if other, dup := seen[l.IP]; dup {
+				t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
+			}
+			seen[l.IP] = l.MAC
+		}
+		for mac, addr := range granted {
+			l, ok := s.Lookup(mac)
+			if !ok || l.IP.String() != addr {
+				t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
+			}
+		}
+		s.Close()
+	}
+	t.Logf("%d leases survived 8 kill -9s", len(granted))
+}
+
+// TestLeaseChild is the process TestCrashSafety kills: it grants leases to
+// new MACs as fast as it can and reports each one only after Grant returns.
+func TestLeaseChild(t *testing.T) {
+	dir := os.Getenv("COZY_LEASE_CHILD_DIR")
+	if dir == "" {
+		t.Skip("helper process for TestCrashSafety")
+	}
+	start, _ := strconv.Atoi(os.Getenv("COZY_LEASE_CHILD_START"))
+	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(1)
+	}
+	for i := start; ; i++ {
+		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
+		addr, err := s.Offer(mac, netip.Addr{})
+		if err != nil {
+			os.Exit(1)
+		}
+		if _, err := s.Grant(mac, addr, time.Hour); err != nil {
+			os.Exit(1)
+		}
+		fmt.Println(mac, addr)
+	}
+}
