@@ -2,13 +2,19 @@ package dhcp
 
 import (
 	"bytes"
+	"net"
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
+
+	"cozy.dev/cozy/pxe/lease"
 )
 
-// FuzzReply feeds arbitrary datagrams through parsing and the proxy: no
+// FuzzReply feeds arbitrary datagrams through parsing, the proxy and full
+// mode (with a real lease store): no
 // input may panic, and any reply must be a well-formed answer to its request.
 func FuzzReply(f *testing.F) {
 	seeds := [][]dhcpv4.Modifier{
@@ -34,13 +40,32 @@ func FuzzReply(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	pool, _ := lease.ParsePool("10.8.0.100-10.8.0.199")
+	store, err := lease.Open(f.TempDir(), pool, nil, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	full, err := NewFull(FullConfig{
+		Boot: cfg, AllowAddress: func(net.HardwareAddr) bool { return true }, Leases: store,
+		Subnet: netip.MustParsePrefix("10.8.0.0/24"), LeaseTime: time.Hour,
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	type replier interface {
+		Reply(*dhcpv4.DHCPv4, int) (*dhcpv4.DHCPv4, Outcome, error)
+	}
 	f.Fuzz(func(t *testing.T, datagram []byte) {
 		req, err := dhcpv4.FromBytes(datagram)
 		if err != nil {
 			return
 		}
-		for _, port := range []int{PortDHCP, PortPXE} {
-			reply, outcome, err := p.Reply(req, port)
+		for i, port := range []int{PortDHCP, PortPXE, PortDHCP, PortPXE} {
+			var r replier = p
+			if i >= 2 {
+				r = full
+			}
+			reply, outcome, err := r.Reply(req, port)
 			if reply == nil {
 				if (outcome == Offered || outcome == Acked) || (outcome == Rejected) != (err != nil) {
 					t.Fatalf("outcome %s with err %v and no reply", outcome, err)
@@ -54,8 +79,12 @@ func FuzzReply(f *testing.F) {
 			if got.TransactionID != req.TransactionID || !bytes.Equal(got.ClientHWAddr, req.ClientHWAddr) {
 				t.Fatalf("reply answers someone else: %s", got.Summary())
 			}
-			if !got.YourIPAddr.IsUnspecified() {
-				t.Fatalf("proxy handed out %v", got.YourIPAddr)
+			yi := addrOf(got.YourIPAddr)
+			if r == p && yi.IsValid() {
+				t.Fatalf("proxy handed out %v", yi)
+			}
+			if r == full && yi.IsValid() && !pool.Contains(yi) {
+				t.Fatalf("full mode handed out %v, outside the pool", yi)
 			}
 		}
 	})

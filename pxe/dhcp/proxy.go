@@ -109,9 +109,32 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		return nil, IgnoredOtherHost, nil
 	}
 
-	file, err := p.bootFile(client)
+	mods, file, err := p.bootMods(req, client)
 	if err != nil {
 		return nil, Rejected, err
+	}
+	mods = append(mods,
+		dhcpv4.WithMessageType(replyType),
+		dhcpv4.WithYourIP(net.IPv4zero),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(p.serverIP())),
+	)
+	// NewReplyFromRequest keeps giaddr and echoes option 82 unchanged, as
+	// RFC 3046 2.2 requires of replies through a relay agent.
+	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
+	if err != nil {
+		return nil, Rejected, fmt.Errorf("build reply: %w", err)
+	}
+	reply.ServerHostName = p.cfg.ServerIP.String()
+	reply.BootFileName = file
+	return reply, outcomeOf(replyType), nil
+}
+
+// bootMods returns the options that point client at its next boot stage,
+// and the boot file name for the reply's file field.
+func (p *Proxy) bootMods(req *dhcpv4.DHCPv4, client Client) ([]dhcpv4.Modifier, string, error) {
+	file, err := p.bootFile(client)
+	if err != nil {
+		return nil, "", err
 	}
 	vendorClass := "PXEClient"
 	if client.HTTPBoot {
@@ -119,10 +142,7 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		vendorClass = "HTTPClient"
 	}
 	mods := []dhcpv4.Modifier{
-		dhcpv4.WithMessageType(replyType),
-		dhcpv4.WithYourIP(net.IPv4zero),
 		dhcpv4.WithServerIP(p.serverIP()),
-		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(p.serverIP())),
 		dhcpv4.WithOption(dhcpv4.OptClassIdentifier(vendorClass)),
 	}
 	if guid := req.GetOneOption(dhcpv4.OptionClientMachineIdentifier); guid != nil {
@@ -134,15 +154,7 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		// discovery and load the file named in this offer.
 		mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{6, 1, 8, 255}))
 	}
-	// NewReplyFromRequest keeps giaddr and echoes option 82 unchanged, as
-	// RFC 3046 2.2 requires of replies through a relay agent.
-	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
-	if err != nil {
-		return nil, Rejected, fmt.Errorf("build reply: %w", err)
-	}
-	reply.ServerHostName = p.cfg.ServerIP.String()
-	reply.BootFileName = file
-	return reply, outcomeOf(replyType), nil
+	return mods, file, nil
 }
 
 func outcomeOf(t dhcpv4.MessageType) Outcome {

@@ -1,0 +1,246 @@
+package dhcp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+
+	"cozy.dev/cozy/pxe/lease"
+)
+
+// Leases is the lease state full mode needs; *lease.Store implements it.
+type Leases interface {
+	Offer(mac string, requested netip.Addr) (netip.Addr, error)
+	Grant(mac string, ip netip.Addr, d time.Duration) (lease.Lease, error)
+	Release(mac string, ip netip.Addr) error
+	Decline(mac string, ip netip.Addr) error
+}
+
+// FullConfig configures the server as the boot network's DHCP server.
+type FullConfig struct {
+	// Boot is the boot information, as for proxy mode; Boot.Allow decides
+	// who gets it.
+	Boot Config
+	// AllowAddress decides who gets an address at all (PXE client or
+	// not). Nil gives nobody one.
+	AllowAddress func(mac net.HardwareAddr) bool
+	Leases       Leases
+	// Subnet is the boot network; its mask goes to clients, and requests
+	// for addresses outside it are refused with DHCPNAK.
+	Subnet    netip.Prefix
+	Routers   []netip.Addr
+	DNS       []netip.Addr
+	LeaseTime time.Duration
+}
+
+// Full answers DHCP as the network's only DHCP server: addresses from a
+// pool, plus boot information for netboot clients.
+type Full struct {
+	cfg   FullConfig
+	proxy *Proxy
+}
+
+// NewFull checks cfg and returns a Full.
+func NewFull(cfg FullConfig) (*Full, error) {
+	proxy, err := NewProxy(cfg.Boot)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.Subnet.IsValid() || !cfg.Subnet.Addr().Is4() || !cfg.Subnet.Contains(cfg.Boot.ServerIP) {
+		return nil, fmt.Errorf("subnet %v: need the IPv4 boot network that contains the server's %s", cfg.Subnet, cfg.Boot.ServerIP)
+	}
+	if cfg.Leases == nil {
+		return nil, errors.New("full mode needs a lease store")
+	}
+	if cfg.LeaseTime < time.Minute {
+		return nil, fmt.Errorf("lease time %v: at least a minute", cfg.LeaseTime)
+	}
+	return &Full{cfg: cfg, proxy: proxy}, nil
+}
+
+// Outcomes only full mode has.
+const (
+	Nacked   Outcome = "nak"
+	Released Outcome = "release"
+	Declined Outcome = "decline"
+	Informed Outcome = "inform"
+)
+
+// Reply computes the answer to req received on port. Lease changes are
+// durable before Reply returns a DHCPACK.
+func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, error) {
+	if port == PortPXE {
+		return f.proxy.Reply(req, port)
+	}
+	if req.OpCode != dhcpv4.OpcodeBootRequest {
+		return nil, IgnoredType, nil
+	}
+	if req.HWType != 1 || len(req.ClientHWAddr) != 6 {
+		return nil, IgnoredType, nil
+	}
+	mac := req.ClientHWAddr
+	if f.cfg.AllowAddress == nil || !f.cfg.AllowAddress(mac) {
+		return nil, IgnoredUnknown, nil
+	}
+	switch req.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		ip, err := f.cfg.Leases.Offer(mac.String(), addrOf(req.RequestedIPAddress()))
+		if err != nil {
+			return nil, Rejected, fmt.Errorf("offer to %s: %w", mac, err)
+		}
+		return f.answer(req, dhcpv4.MessageTypeOffer, ip, Offered)
+	case dhcpv4.MessageTypeRequest:
+		return f.request(req)
+	case dhcpv4.MessageTypeDecline:
+		ip := addrOf(req.RequestedIPAddress())
+		if !f.ours(req) || !ip.IsValid() {
+			return nil, IgnoredOtherHost, nil
+		}
+		return nil, Declined, f.cfg.Leases.Decline(mac.String(), ip)
+	case dhcpv4.MessageTypeRelease:
+		ip := addrOf(req.ClientIPAddr)
+		if !f.ours(req) || !ip.IsValid() {
+			return nil, IgnoredOtherHost, nil
+		}
+		return nil, Released, f.cfg.Leases.Release(mac.String(), ip)
+	case dhcpv4.MessageTypeInform:
+		// Configuration only: the client has its address already.
+		return f.answer(req, dhcpv4.MessageTypeAck, netip.Addr{}, Informed)
+	default:
+		return nil, IgnoredType, nil
+	}
+}
+
+// ours reports whether a message that names a server names this one.
+func (f *Full) ours(req *dhcpv4.DHCPv4) bool {
+	sid := req.ServerIdentifier()
+	return sid == nil || sid.Equal(net.IP(f.cfg.Boot.ServerIP.AsSlice()))
+}
+
+// request handles the three kinds of DHCPREQUEST (RFC 2131 4.3.2).
+func (f *Full) request(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, Outcome, error) {
+	requested := addrOf(req.RequestedIPAddress())
+	var want netip.Addr
+	switch {
+	case req.ServerIdentifier() != nil: // SELECTING an offer
+		if !f.ours(req) {
+			return nil, IgnoredOtherHost, nil // it chose another server
+		}
+		want = requested
+	case requested.IsValid(): // INIT-REBOOT: confirming an address it had
+		want = requested
+	default: // RENEWING or REBINDING
+		want = addrOf(req.ClientIPAddr)
+	}
+	if !want.IsValid() {
+		return nil, Rejected, fmt.Errorf("request from %s names no address", req.ClientHWAddr)
+	}
+	if !f.cfg.Subnet.Contains(want) {
+		return f.nak(req, fmt.Sprintf("%s is not on this network", want))
+	}
+	l, err := f.cfg.Leases.Grant(req.ClientHWAddr.String(), want, f.cfg.LeaseTime)
+	switch {
+	case errors.Is(err, lease.ErrTaken), errors.Is(err, lease.ErrOutOfPool):
+		return f.nak(req, err.Error())
+	case err != nil:
+		// Could not make the lease durable: say nothing rather than ACK
+		// something a restart would forget.
+		return nil, Rejected, fmt.Errorf("grant %s to %s: %w", want, req.ClientHWAddr, err)
+	}
+	return f.answer(req, dhcpv4.MessageTypeAck, l.IP, Acked)
+}
+
+func (f *Full) nak(req *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, Outcome, error) {
+	reply, err := dhcpv4.NewReplyFromRequest(req,
+		dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(f.cfg.Boot.ServerIP.AsSlice()))),
+		dhcpv4.WithOption(dhcpv4.OptMessage(why)),
+	)
+	if err != nil {
+		return nil, Rejected, err
+	}
+	if !req.GatewayIPAddr.IsUnspecified() && req.GatewayIPAddr != nil {
+		reply.SetBroadcast() // RFC 2131 4.3.2: the relay must broadcast a NAK
+	}
+	return reply, Nacked, nil
+}
+
+// answer builds an OFFER or ACK for ip (zero for INFORM) with the network
+// options and, for allowed netboot clients, the boot information.
+func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (*dhcpv4.DHCPv4, Outcome, error) {
+	server := net.IP(f.cfg.Boot.ServerIP.AsSlice())
+	mods := []dhcpv4.Modifier{
+		dhcpv4.WithMessageType(mt),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(server)),
+		dhcpv4.WithNetmask(net.CIDRMask(f.cfg.Subnet.Bits(), 32)),
+	}
+	if len(f.cfg.Routers) > 0 {
+		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptRouter(ips(f.cfg.Routers)...)))
+	}
+	if len(f.cfg.DNS) > 0 {
+		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptDNS(ips(f.cfg.DNS)...)))
+	}
+	if ip.IsValid() {
+		mods = append(mods,
+			dhcpv4.WithYourIP(net.IP(ip.AsSlice())),
+			dhcpv4.WithLeaseTime(uint32(f.cfg.LeaseTime/time.Second)),
+			dhcpv4.WithOption(dhcpv4.OptRenewTimeValue(f.cfg.LeaseTime/2)),
+			dhcpv4.WithOption(dhcpv4.OptRebindingTimeValue(f.cfg.LeaseTime*7/8)),
+		)
+	} else {
+		mods = append(mods, dhcpv4.WithClientIP(req.ClientIPAddr))
+	}
+	var file string
+	if client, err := Classify(req); err == nil && f.cfg.Boot.Allow != nil && f.cfg.Boot.Allow(client) {
+		boot, name, err := f.proxy.bootMods(req, client)
+		if err != nil {
+			return nil, Rejected, err
+		}
+		mods, file = append(mods, boot...), name
+	}
+	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
+	if err != nil {
+		return nil, Rejected, fmt.Errorf("build reply: %w", err)
+	}
+	if file != "" {
+		reply.ServerHostName = f.cfg.Boot.ServerIP.String()
+		reply.BootFileName = file
+	}
+	return reply, outcome, nil
+}
+
+func addrOf(ip net.IP) netip.Addr {
+	a, ok := netip.AddrFromSlice(ip.To4())
+	if !ok || a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a
+}
+
+func ips(addrs []netip.Addr) []net.IP {
+	out := make([]net.IP, len(addrs))
+	for i, a := range addrs {
+		out[i] = net.IP(a.AsSlice())
+	}
+	return out
+}
+
+// Destination is where a reply to req, received on port from peer, must
+// go (RFC 2131 4.1): to the relay agent if there is one; to the client's
+// address if it has one and this is no NAK; else broadcast on the link.
+func Destination(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr) *net.UDPAddr {
+	switch {
+	case req.GatewayIPAddr != nil && !req.GatewayIPAddr.IsUnspecified():
+		return &net.UDPAddr{IP: req.GatewayIPAddr, Port: dhcpv4.ServerPort}
+	case port == PortPXE:
+		return peer
+	case reply.MessageType() != dhcpv4.MessageTypeNak && req.ClientIPAddr != nil && !req.ClientIPAddr.IsUnspecified():
+		return &net.UDPAddr{IP: req.ClientIPAddr, Port: dhcpv4.ClientPort}
+	default:
+		return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}
+	}
+}

@@ -1,0 +1,222 @@
+package dhcp
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+
+	"cozy.dev/cozy/pxe/lease"
+)
+
+var (
+	ordinaryMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x00, 0x00, 0x01}
+	strangerMAC = net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x99}
+)
+
+func newFull(t *testing.T, pool string) (*Full, *lease.Store) {
+	t.Helper()
+	p, err := lease.ParsePool(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := lease.Open(t.TempDir(), p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f, err := NewFull(FullConfig{
+		Boot:         testConfig(),
+		AllowAddress: func(mac net.HardwareAddr) bool { return !bytes.Equal(mac, strangerMAC) },
+		Leases:       store,
+		Subnet:       netip.MustParsePrefix("10.8.0.0/24"),
+		Routers:      []netip.Addr{netip.MustParseAddr("10.8.0.254")},
+		DNS:          []netip.Addr{netip.MustParseAddr("10.8.0.53")},
+		LeaseTime:    time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, store
+}
+
+func reply(t *testing.T, f *Full, mt dhcpv4.MessageType, mac net.HardwareAddr, mods ...dhcpv4.Modifier) (*dhcpv4.DHCPv4, Outcome, error) {
+	t.Helper()
+	r, o, err := f.Reply(request(t, mt, append([]dhcpv4.Modifier{dhcpv4.WithHwAddr(mac)}, mods...)...), PortDHCP)
+	if r != nil {
+		if r, err = dhcpv4.FromBytes(r.ToBytes()); err != nil {
+			t.Fatalf("reply does not parse: %v", err)
+		}
+	}
+	return r, o, err
+}
+
+var server = dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(serverIP.AsSlice())))
+
+func requested(ip string) dhcpv4.Modifier {
+	return dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.ParseIP(ip)))
+}
+
+func TestFullDORA(t *testing.T) {
+	f, store := newFull(t, "10.8.0.100-10.8.0.101")
+
+	offer, o, err := reply(t, f, dhcpv4.MessageTypeDiscover, ordinaryMAC)
+	if err != nil || o != Offered {
+		t.Fatalf("discover: %s %v", o, err)
+	}
+	if offer.YourIPAddr.String() != "10.8.0.100" || offer.BootFileName != "" {
+		t.Errorf("offer yiaddr %v file %q: want 10.8.0.100 and no boot file for a non-PXE client", offer.YourIPAddr, offer.BootFileName)
+	}
+	if offer.IPAddressLeaseTime(0) != time.Hour || offer.SubnetMask().String() != "ffffff00" ||
+		offer.Router()[0].String() != "10.8.0.254" || offer.DNS()[0].String() != "10.8.0.53" {
+		t.Errorf("offer options: %s", offer.Summary())
+	}
+	if _, ok := store.Lookup(ordinaryMAC.String()); ok {
+		t.Error("an offer must not create a lease")
+	}
+
+	ack, o, err := reply(t, f, dhcpv4.MessageTypeRequest, ordinaryMAC, server, requested("10.8.0.100"))
+	if err != nil || o != Acked || ack.YourIPAddr.String() != "10.8.0.100" {
+		t.Fatalf("request: %s %v %v", o, err, ack)
+	}
+	if l, ok := store.Lookup(ordinaryMAC.String()); !ok || l.IP.String() != "10.8.0.100" {
+		t.Errorf("ACK sent but lease not stored: %v %v", l, ok)
+	}
+
+	// A PXE client gets an address and its boot file in one offer.
+	pxeOffer, o, err := reply(t, f, dhcpv4.MessageTypeDiscover, knownMAC, pxe(iana.EFI_X86_64)...)
+	if err != nil || o != Offered || pxeOffer.YourIPAddr.String() != "10.8.0.101" || pxeOffer.BootFileName != "ipxe.efi" ||
+		!pxeOffer.ServerIPAddr.Equal(net.IP(serverIP.AsSlice())) {
+		t.Fatalf("PXE discover: %s %v %v", o, err, pxeOffer)
+	}
+	// The pool (two addresses) is now exhausted for a third client.
+	if _, o, err := reply(t, f, dhcpv4.MessageTypeDiscover, otherMAC); o != Rejected || err == nil {
+		t.Errorf("third client: %s %v, want rejected: pool exhausted", o, err)
+	}
+}
+
+func TestFullRequests(t *testing.T) {
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, f *Full) // leases granted before
+		mt      dhcpv4.MessageType
+		mac     net.HardwareAddr
+		mods    []dhcpv4.Modifier
+		want    Outcome
+		wantYI  string
+		wantErr bool
+	}{
+		{name: "selecting another server's offer", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC,
+			mods: []dhcpv4.Modifier{dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IPv4(10, 8, 0, 2))), requested("10.8.0.100")},
+			want: IgnoredOtherHost},
+		{name: "init-reboot on another network", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC,
+			mods: []dhcpv4.Modifier{requested("192.168.1.5")}, want: Nacked},
+		{name: "init-reboot for a free pool address", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC,
+			mods: []dhcpv4.Modifier{requested("10.8.0.105")}, want: Acked, wantYI: "10.8.0.105"},
+		{name: "init-reboot for someone else's address", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC,
+			setup: grant(otherMAC, "10.8.0.105"),
+			mods:  []dhcpv4.Modifier{requested("10.8.0.105")}, want: Nacked},
+		{name: "renewing", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC, setup: grant(ordinaryMAC, "10.8.0.103"),
+			mods: []dhcpv4.Modifier{dhcpv4.WithClientIP(net.ParseIP("10.8.0.103"))}, want: Acked, wantYI: "10.8.0.103"},
+		{name: "request naming no address", mt: dhcpv4.MessageTypeRequest, mac: ordinaryMAC, want: Rejected, wantErr: true},
+		{name: "release", mt: dhcpv4.MessageTypeRelease, mac: ordinaryMAC, setup: grant(ordinaryMAC, "10.8.0.103"),
+			mods: []dhcpv4.Modifier{server, dhcpv4.WithClientIP(net.ParseIP("10.8.0.103"))}, want: Released},
+		{name: "decline", mt: dhcpv4.MessageTypeDecline, mac: ordinaryMAC,
+			mods: []dhcpv4.Modifier{server, requested("10.8.0.100")}, want: Declined},
+		{name: "inform", mt: dhcpv4.MessageTypeInform, mac: ordinaryMAC,
+			mods: []dhcpv4.Modifier{dhcpv4.WithClientIP(net.ParseIP("10.8.0.77"))}, want: Informed, wantYI: "0.0.0.0"},
+		{name: "client not allowed an address", mt: dhcpv4.MessageTypeDiscover, mac: strangerMAC, want: IgnoredUnknown},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := newFull(t, "10.8.0.100-10.8.0.110")
+			if tc.setup != nil {
+				tc.setup(t, f)
+			}
+			r, o, err := reply(t, f, tc.mt, tc.mac, tc.mods...)
+			if o != tc.want || (err != nil) != tc.wantErr {
+				t.Fatalf("outcome %s err %v, want %s (error: %v)", o, err, tc.want, tc.wantErr)
+			}
+			switch o {
+			case Acked, Offered, Informed:
+				if r.YourIPAddr.String() != tc.wantYI {
+					t.Errorf("yiaddr %v, want %s", r.YourIPAddr, tc.wantYI)
+				}
+				if o == Informed && (r.IPAddressLeaseTime(0) != 0 || !r.ClientIPAddr.Equal(net.ParseIP("10.8.0.77"))) {
+					t.Errorf("inform ACK must carry no lease and echo ciaddr: %s", r.Summary())
+				}
+			case Nacked:
+				if r.MessageType() != dhcpv4.MessageTypeNak || !r.YourIPAddr.IsUnspecified() {
+					t.Errorf("not a NAK: %s", r.Summary())
+				}
+			default:
+				if r != nil {
+					t.Errorf("outcome %s with a reply: %s", o, r.Summary())
+				}
+			}
+		})
+	}
+}
+
+func grant(mac net.HardwareAddr, ip string) func(*testing.T, *Full) {
+	return func(t *testing.T, f *Full) {
+		t.Helper()
+		if _, err := f.cfg.Leases.Grant(mac.String(), netip.MustParseAddr(ip), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestFullDeclineAndRelease(t *testing.T) {
+	f, _ := newFull(t, "10.8.0.100-10.8.0.101")
+	if _, o, _ := reply(t, f, dhcpv4.MessageTypeDecline, ordinaryMAC, server, requested("10.8.0.100")); o != Declined {
+		t.Fatalf("decline: %s", o)
+	}
+	if offer, _, _ := reply(t, f, dhcpv4.MessageTypeDiscover, otherMAC); offer.YourIPAddr.String() != "10.8.0.101" {
+		t.Errorf("declined address offered again at once: %v", offer.YourIPAddr)
+	}
+}
+
+func TestFullRelay(t *testing.T) {
+	f, _ := newFull(t, "10.8.0.100-10.8.0.110")
+	relayed := []dhcpv4.Modifier{dhcpv4.WithRelay(relayIP), dhcpv4.WithGeneric(dhcpv4.OptionRelayAgentInformation, circuitID)}
+	offer, _, err := reply(t, f, dhcpv4.MessageTypeDiscover, ordinaryMAC, relayed...)
+	if err != nil || !offer.GatewayIPAddr.Equal(relayIP) || !bytes.Equal(offer.GetOneOption(dhcpv4.OptionRelayAgentInformation), circuitID) {
+		t.Fatalf("relayed offer: %v %v", err, offer)
+	}
+	nak, o, _ := reply(t, f, dhcpv4.MessageTypeRequest, ordinaryMAC, append(relayed, requested("192.168.0.1"))...)
+	if o != Nacked || !nak.IsBroadcast() || !bytes.Equal(nak.GetOneOption(dhcpv4.OptionRelayAgentInformation), circuitID) {
+		t.Errorf("relayed NAK must set the broadcast flag and keep option 82: %s %v", o, nak)
+	}
+	if d := Destination(request(t, dhcpv4.MessageTypeDiscover, relayed...), offer, PortDHCP, nil); d.String() != "10.9.0.1:67" {
+		t.Errorf("relayed reply goes to %v, want the relay's port 67", d)
+	}
+}
+
+func TestDestination(t *testing.T) {
+	peer := &net.UDPAddr{IP: net.IPv4(10, 8, 0, 5), Port: 4011}
+	ack := request(t, dhcpv4.MessageTypeAck)
+	nak := request(t, dhcpv4.MessageTypeNak)
+	renew := request(t, dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.IPv4(10, 8, 0, 5)))
+	fresh := request(t, dhcpv4.MessageTypeDiscover)
+	tests := []struct {
+		name       string
+		req, reply *dhcpv4.DHCPv4
+		port       int
+		want       string
+	}{
+		{"client without an address: broadcast", fresh, ack, PortDHCP, "255.255.255.255:68"},
+		{"renewing client: unicast", renew, ack, PortDHCP, "10.8.0.5:68"},
+		{"NAK: always broadcast", renew, nak, PortDHCP, "255.255.255.255:68"},
+		{"boot-server port: back to the sender", renew, ack, PortPXE, "10.8.0.5:4011"},
+	}
+	for _, tc := range tests {
+		if got := Destination(tc.req, tc.reply, tc.port, peer).String(); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
