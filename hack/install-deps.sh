@@ -15,6 +15,7 @@ packages=(
 	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
 	busybox-static  # the userland of test initramfs images
 	dnsmasq-base    # a real DHCP server for proxy mode to run beside
+	isc-dhcp-client # dhclient, a real DHCP client for full mode
 	cpio            # cross-checks the initramfs writer
 )
 

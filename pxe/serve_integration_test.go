@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -45,73 +46,109 @@ type rig struct {
 	// httpFrom is where HTTP requests start: the server's namespace until
 	// the client has an address.
 	httpFrom *netnstest.NS
-	stderr   *bytes.Buffer
+	dir      string // files served
+	stderr   *syncBuffer
 	kernel   []byte
 }
 
-// startServer runs `cozyctl pxe serve` in its own namespace, linked to a
-// client namespace by a veth pair, and stops it with SIGTERM at the end,
-// requiring a clean exit.
-func startServer(t *testing.T, extra ...string) *rig {
+// newRig makes a server namespace and a client namespace joined by a veth
+// pair, and the files to serve.
+func newRig(t *testing.T) *rig {
 	t.Helper()
 	srv := netnstest.New(t, "srv")
 	cliNS := netnstest.New(t, "cli")
 	netnstest.Veth(t, srv, "boot0", serverAddr+"/24", cliNS, "eth0", "")
-
-	dir := t.TempDir()
-	r := &rig{srv: srv, cli: cliNS, httpFrom: srv, stderr: &bytes.Buffer{}, kernel: bytes.Repeat([]byte("K"), 1<<20)}
+	r := &rig{srv: srv, cli: cliNS, httpFrom: srv, dir: t.TempDir(), kernel: bytes.Repeat([]byte("K"), 1<<20)}
 	for name, content := range map[string][]byte{"vmlinuz": r.kernel, "initrd": []byte("initramfs"), "undionly.kpxe": []byte("bios-ipxe"), "ipxe.efi": []byte("uefi-ipxe")} {
-		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(r.dir, name), content, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return r
+}
+
+// proc is one run of `cozyctl pxe serve`.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan error
+	stderr *syncBuffer
+	done   bool
+}
+
+// start runs `cozyctl pxe serve` in the server namespace and waits until
+// HTTP answers. At the end of the test it is stopped with SIGTERM and must
+// exit cleanly.
+func (r *rig) start(t *testing.T, extra ...string) *proc {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := append([]string{"pxe", "serve", "--log-level", "debug",
 		"--interface", "boot0",
-		"--kernel", filepath.Join(dir, "vmlinuz"), "--initrd", filepath.Join(dir, "initrd"),
+		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--cmdline", "console=ttyS0",
-		"--ipxe-bios", filepath.Join(dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(dir, "ipxe.efi"),
+		"--ipxe-bios", filepath.Join(r.dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(r.dir, "ipxe.efi"),
 	}, extra...)
-	cmd := srv.Command(context.Background(), self, args...)
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
-	cmd.Stderr = r.stderr
-	if err := cmd.Start(); err != nil {
+	p := &proc{cmd: r.srv.Command(context.Background(), self, args...), exited: make(chan error, 1), stderr: &syncBuffer{}}
+	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("server did not exit cleanly on SIGTERM: %v\n%s", err, r.stderr)
-			}
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("server ignored SIGTERM for 20s\n%s", r.stderr)
-		}
-	})
+	r.stderr = p.stderr
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.stop(t) })
 
-	// Ready when HTTP answers from the client side.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := r.get("/healthz", ""); err == nil {
-			return r
+		if resp, err := r.get("/healthz", ""); err == nil {
+			resp.Body.Close()
+			return p
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("server exited: %v\n%s", err, r.stderr)
+		case err := <-p.exited:
+			t.Fatalf("server exited: %v\n%s", err, p.stderr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 30s\n%s", r.stderr)
+			t.Fatalf("server not ready after 30s\n%s", p.stderr)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// stop sends SIGTERM and requires a clean exit.
+func (p *proc) stop(t *testing.T) {
+	if p.done {
+		return
+	}
+	p.done = true
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		if err != nil {
+			t.Errorf("server did not exit cleanly on SIGTERM: %v\n%s", err, p.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		t.Errorf("server ignored SIGTERM for 20s\n%s", p.stderr)
+	}
+}
+
+// kill9 ends the server the way a crash or power loss would.
+func (p *proc) kill9() {
+	p.done = true
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// startServer is newRig + start, for tests that need one server run.
+func startServer(t *testing.T, extra ...string) *rig {
+	t.Helper()
+	r := newRig(t)
+	r.start(t, extra...)
+	return r
 }
 
 // get fetches a path from the server's HTTP port.

@@ -25,6 +25,7 @@ import (
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/httpboot"
 	"cozy.dev/cozy/pxe/ipxe"
+	"cozy.dev/cozy/pxe/lease"
 	"cozy.dev/cozy/pxe/tftp"
 )
 
@@ -49,10 +50,25 @@ type Config struct {
 	Initrds []string
 	Cmdline string
 
-	// AllowUnknown boots every PXE client on the interface. Without it
-	// only AllowMACs are answered.
+	// AllowUnknown boots every PXE client on the interface (and in full
+	// mode leases an address to every DHCP client). Without it only
+	// AllowMACs are answered.
 	AllowUnknown bool
 	AllowMACs    []net.HardwareAddr
+
+	// Mode is "proxy" (default: hand out no addresses, run beside the
+	// network's DHCP server) or "full" (be the network's DHCP server).
+	Mode string
+	// Full mode: the address pool, the network (default: the interface's),
+	// router and DNS servers to announce, lease time, reservations, and
+	// where leases are kept.
+	Pool         lease.Pool
+	Subnet       netip.Prefix
+	Gateway      netip.Addr
+	DNS          []netip.Addr
+	LeaseTime    time.Duration
+	Reservations map[string]netip.Addr
+	StateDir     string
 
 	// BIOSBootFile and UEFIBootFile are iPXE binaries (Debian's by default);
 	// ARM64BootFile is optional.
@@ -67,6 +83,15 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HTTPPort == 0 {
 		c.HTTPPort = 8080
+	}
+	if c.Mode == "" {
+		c.Mode = "proxy"
+	}
+	if c.LeaseTime == 0 {
+		c.LeaseTime = time.Hour
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
 	}
 	if c.BIOSBootFile == "" {
 		c.BIOSBootFile = DefaultBIOSBootFile
@@ -93,33 +118,56 @@ func (c *Config) setDefaults() error {
 	if !c.AllowUnknown && len(c.AllowMACs) == 0 {
 		return errors.New("no machine may boot: list machines or pass --allow-unknown to boot every PXE client on the interface")
 	}
-	if !c.ServerIP.IsValid() {
-		ip, err := interfaceIPv4(c.Interface)
+	switch c.Mode {
+	case "proxy":
+	case "full":
+		if !c.Pool.First.IsValid() {
+			return errors.New("full mode needs an address pool (--range FROM-TO)")
+		}
+	default:
+		return fmt.Errorf("mode %q: use proxy or full", c.Mode)
+	}
+	if !c.ServerIP.IsValid() || (c.Mode == "full" && !c.Subnet.IsValid()) {
+		prefix, err := interfaceIPv4(c.Interface)
 		if err != nil {
 			return err
 		}
-		c.ServerIP = ip
+		if !c.ServerIP.IsValid() {
+			c.ServerIP = prefix.Addr()
+		}
+		if !c.Subnet.IsValid() {
+			c.Subnet = prefix.Masked()
+		}
+	}
+	if c.Mode == "full" && (!c.Subnet.Contains(c.Pool.First) || !c.Subnet.Contains(c.Pool.Last)) {
+		return fmt.Errorf("range %s is not inside the boot network %s", c.Pool, c.Subnet)
 	}
 	return nil
 }
 
-func interfaceIPv4(name string) (netip.Addr, error) {
+// DefaultStateDir keeps full-mode leases.
+const DefaultStateDir = "/var/lib/cozy/pxe"
+
+// interfaceIPv4 returns the first IPv4 address of an interface, with its
+// prefix length.
+func interfaceIPv4(name string) (netip.Prefix, error) {
 	iface, err := net.InterfaceByName(name)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("interface %s: %w", name, err)
+		return netip.Prefix{}, fmt.Errorf("interface %s: %w", name, err)
 	}
 	addrs, err := iface.Addrs()
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", name, err)
+		return netip.Prefix{}, fmt.Errorf("addresses of %s: %w", name, err)
 	}
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok {
+			ones, _ := n.Mask.Size()
 			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() {
-				return ip.Unmap(), nil
+				return netip.PrefixFrom(ip.Unmap(), ones), nil
 			}
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("interface %s has no IPv4 address: give the server one or pass --server-ip", name)
+	return netip.Prefix{}, fmt.Errorf("interface %s has no IPv4 address: give the server one or pass --server-ip", name)
 }
 
 // Serve runs the netboot server until ctx ends, then shuts it down: HTTP
@@ -163,14 +211,37 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		return false
 	}
-	proxy, err := dhcp.NewProxy(dhcp.Config{
+	bootCfg := dhcp.Config{
 		ServerIP: cfg.ServerIP,
 		HTTPPort: cfg.HTTPPort,
 		Files:    files,
 		Allow:    func(c dhcp.Client) bool { return allowed(c.MAC) },
-	})
-	if err != nil {
-		return err
+	}
+	var responder replier
+	if cfg.Mode == "full" {
+		store, err := lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		full := dhcp.FullConfig{
+			Boot:         bootCfg,
+			AllowAddress: allowed,
+			Leases:       store,
+			Subnet:       cfg.Subnet,
+			DNS:          cfg.DNS,
+			LeaseTime:    cfg.LeaseTime,
+		}
+		if cfg.Gateway.IsValid() {
+			full.Routers = []netip.Addr{cfg.Gateway}
+		}
+		if responder, err = dhcp.NewFull(full); err != nil {
+			return err
+		}
+	} else {
+		if responder, err = dhcp.NewProxy(bootCfg); err != nil {
+			return err
+		}
 	}
 
 	// Open every socket before serving any, so a port in use fails fast.
@@ -210,7 +281,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 
 	log.Info("netboot server up", "interface", cfg.Interface, "ip", cfg.ServerIP, "http", base,
-		"mode", "proxy", "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs))
+		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs))
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -225,8 +296,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		})
 	}
 	dhcpLog := log.With("service", "dhcp")
-	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, proxy, dhcp.PortDHCP, dhcpLog) })
-	run("pxe", func() error { return serveDHCP(ctx, pxeConn, proxy, dhcp.PortPXE, dhcpLog) })
+	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, responder, dhcp.PortDHCP, dhcpLog) })
+	run("pxe", func() error { return serveDHCP(ctx, pxeConn, responder, dhcp.PortPXE, dhcpLog) })
 	run("tftp", func() error {
 		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp")}).Serve(ctx, tftpConn)
 	})
@@ -257,10 +328,14 @@ func collect(errs <-chan error) []error {
 	return out
 }
 
-// serveDHCP reads requests from conn and sends the proxy's replies: to the
-// relay if there is one, else broadcast on the bound interface (the client
-// has no address yet) or, on 4011, back to the sender.
-func serveDHCP(ctx context.Context, conn *net.UDPConn, proxy *dhcp.Proxy, port int, log *slog.Logger) error {
+// replier is the DHCP decision: dhcp.Proxy or dhcp.Full.
+type replier interface {
+	Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, dhcp.Outcome, error)
+}
+
+// serveDHCP reads requests from conn and sends the replies where RFC 2131
+// says (dhcp.Destination): broadcasts leave on the bound interface only.
+func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger) error {
 	buf := make([]byte, 4096)
 	for {
 		n, peer, err := conn.ReadFromUDP(buf)
@@ -275,26 +350,21 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, proxy *dhcp.Proxy, port i
 			log.Debug("malformed DHCP packet", "from", peer, "err", err)
 			continue
 		}
-		reply, outcome, err := proxy.Reply(req, port)
+		reply, outcome, err := responder.Reply(req, port)
 		if err != nil {
-			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "err", err)
+			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "err", err)
 			continue
 		}
 		if reply == nil {
-			log.Debug("dhcp request ignored", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome)
+			log.Debug("dhcp request handled without reply", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "outcome", outcome)
 			continue
 		}
-		dst := &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}
-		switch {
-		case !req.GatewayIPAddr.IsUnspecified() && req.GatewayIPAddr != nil:
-			dst = &net.UDPAddr{IP: req.GatewayIPAddr, Port: dhcpv4.ServerPort}
-		case port == dhcp.PortPXE:
-			dst = peer
-		}
+		dst := dhcp.Destination(req, reply, port, peer)
 		if _, err := conn.WriteToUDP(reply.ToBytes(), dst); err != nil {
 			log.Warn("dhcp send", "to", dst, "err", err)
 			continue
 		}
-		log.Info("dhcp reply", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome, "file", reply.BootFileName, "to", dst)
+		log.Info("dhcp reply", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
+			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst)
 	}
 }

@@ -1,16 +1,20 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"cozy.dev/cozy/pxe"
+	"cozy.dev/cozy/pxe/lease"
 )
 
 func newPXECommand(g *Globals) *cobra.Command {
@@ -26,8 +30,11 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 	var (
 		cfg       pxe.Config
 		serverIP  string
-		mode      string
 		allowMACs []string
+		poolRange string
+		gateway   string
+		dns       []string
+		reserve   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -35,15 +42,59 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		Long: `Run proxyDHCP (ports 67 and 4011), TFTP and HTTP on one interface and boot
 PXE clients, BIOS and UEFI, through iPXE into a kernel and initramfs.
 
-Proxy mode hands out no addresses: it runs beside the network's DHCP server
-and only adds boot information. Only the machines listed with --allow-mac
-are answered, unless --allow-unknown is given.`,
-		Example: `  cozyctl pxe serve --interface br0 --kernel vmlinuz --initrd initramfs.xz \
-    --cmdline "console=ttyS0" --allow-unknown`,
+Proxy mode (the default) hands out no addresses: it runs beside the
+network's DHCP server and only adds boot information. Full mode makes this
+server the network's DHCP server: addresses from --range, leases kept in
+--state-dir and never lost to a crash. Only the machines listed with
+--allow-mac are answered, unless --allow-unknown is given (in full mode:
+every DHCP client on the interface gets an address).`,
+		Example: `  # Beside an existing DHCP server:
+  cozyctl pxe serve --interface br0 --kernel vmlinuz --initrd initramfs.xz \
+    --cmdline "console=ttyS0" --allow-unknown
+
+  # As the provisioning network's DHCP server:
+  cozyctl pxe serve --interface br0 --mode full --range 10.8.0.100-10.8.0.199 \
+    --gateway 10.8.0.1 --dns 10.8.0.1 --kernel vmlinuz --initrd initramfs.xz --allow-unknown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if mode != "proxy" {
-				return fmt.Errorf("--mode %s: only proxy mode is available in this version; full DHCP mode (address pool, leases) is not implemented yet", mode)
+			if cfg.Mode != "proxy" && cfg.Mode != "full" {
+				return fmt.Errorf("--mode %q: use proxy or full", cfg.Mode)
+			}
+			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0) && cfg.Mode != "full" {
+				return errors.New("--range, --gateway, --dns and --reserve configure full mode: add --mode full")
+			}
+			if poolRange != "" {
+				pool, err := lease.ParsePool(poolRange)
+				if err != nil {
+					return fmt.Errorf("--range: %w", err)
+				}
+				cfg.Pool = pool
+			}
+			if gateway != "" {
+				ip, err := netip.ParseAddr(gateway)
+				if err != nil || !ip.Is4() {
+					return fmt.Errorf("--gateway %q: want an IPv4 address", gateway)
+				}
+				cfg.Gateway = ip
+			}
+			for _, d := range dns {
+				ip, err := netip.ParseAddr(d)
+				if err != nil || !ip.Is4() {
+					return fmt.Errorf("--dns %q: want an IPv4 address", d)
+				}
+				cfg.DNS = append(cfg.DNS, ip)
+			}
+			for _, r := range reserve {
+				macText, ipText, ok := strings.Cut(r, "=")
+				mac, err1 := net.ParseMAC(macText)
+				ip, err2 := netip.ParseAddr(ipText)
+				if !ok || err1 != nil || err2 != nil || !ip.Is4() {
+					return fmt.Errorf("--reserve %q: want MAC=IP, e.g. 52:54:00:12:34:56=10.8.0.21", r)
+				}
+				if cfg.Reservations == nil {
+					cfg.Reservations = map[string]netip.Addr{}
+				}
+				cfg.Reservations[mac.String()] = ip
 			}
 			if serverIP != "" {
 				ip, err := netip.ParseAddr(serverIP)
@@ -69,7 +120,13 @@ are answered, unless --allow-unknown is given.`,
 	f.StringVar(&cfg.Interface, "interface", "", "boot network interface (required)")
 	f.StringVar(&serverIP, "server-ip", "", "this host's IPv4 address on the interface (default: the interface's first)")
 	f.IntVar(&cfg.HTTPPort, "http-port", 8080, "HTTP port for iPXE scripts and boot assets")
-	f.StringVar(&mode, "mode", "proxy", "DHCP mode: proxy (no addresses handed out)")
+	f.StringVar(&cfg.Mode, "mode", "proxy", "DHCP mode: proxy (no addresses handed out) or full (this is the network's DHCP server)")
+	f.StringVar(&poolRange, "range", "", "full mode: address pool FROM-TO")
+	f.StringVar(&gateway, "gateway", "", "full mode: router to announce")
+	f.StringArrayVar(&dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
+	f.DurationVar(&cfg.LeaseTime, "lease-time", time.Hour, "full mode: lease time")
+	f.StringArrayVar(&reserve, "reserve", nil, "full mode: fixed address MAC=IP (repeatable)")
+	f.StringVar(&cfg.StateDir, "state-dir", pxe.DefaultStateDir, "where leases are kept (full mode)")
 	f.StringVar(&cfg.Kernel, "kernel", "", "kernel to boot")
 	f.StringArrayVar(&cfg.Initrds, "initrd", nil, "initramfs to boot (repeatable, loaded in order)")
 	f.StringVar(&cfg.Cmdline, "cmdline", "", "kernel command line")
