@@ -18,10 +18,8 @@ import (
 	"cozy.dev/cozy/internal/prereq"
 )
 
-func fullModeArgs(stateDir string) []string {
-	return []string{"--mode", "full", "--range", "10.77.0.100-10.77.0.102", "--allow-unknown",
-		"--gateway", serverAddr, "--dns", serverAddr, "--lease-time", "10m", "--state-dir", stateDir}
-}
+var fullModeArgs = []string{"--mode", "full", "--range", "10.77.0.100-10.77.0.102", "--allow-unknown",
+	"--gateway", serverAddr, "--dns", serverAddr, "--lease-time", "10m"}
 
 // lease runs a full DORA with nclient4 from the client namespace.
 func (r *rig) lease(t *testing.T, mac net.HardwareAddr, mods ...dhcpv4.Modifier) (*nclient4.Lease, error) {
@@ -44,7 +42,7 @@ func mac(last byte) net.HardwareAddr { return net.HardwareAddr{0x52, 0x54, 0x00,
 
 func TestFullModeClients(t *testing.T) {
 	r := newRig(t)
-	r.start(t, fullModeArgs(t.TempDir())...)
+	r.start(t, fullModeArgs...)
 
 	l, err := r.lease(t, mac(1))
 	if err != nil {
@@ -105,8 +103,7 @@ func TestFullModeClients(t *testing.T) {
 // address goes to anyone else and their owners keep them.
 func TestFullModeLeasesSurviveKill9(t *testing.T) {
 	r := newRig(t)
-	state := t.TempDir()
-	first := r.start(t, fullModeArgs(state)...)
+	first := r.start(t, fullModeArgs...)
 
 	granted := map[string]string{}
 	for _, m := range []net.HardwareAddr{mac(1), mac(2)} {
@@ -117,7 +114,7 @@ func TestFullModeLeasesSurviveKill9(t *testing.T) {
 		granted[m.String()] = l.ACK.YourIPAddr.String()
 	}
 	first.kill9()
-	r.start(t, fullModeArgs(state)...)
+	r.start(t, fullModeArgs...)
 
 	// A newcomer gets the one address left, never a granted one.
 	l, err := r.lease(t, mac(3))

@@ -5,6 +5,7 @@ package pxe_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -15,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"cozy.dev/cozy/internal/cli"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/lab/initramfs"
+	"cozy.dev/cozy/pxe/inventory"
 )
 
 // The proof a VM booted: its kernel's busybox fetches the VM's iPXE script
@@ -86,6 +89,7 @@ func bootInitramfs(t *testing.T, assets string) string {
 type vm struct {
 	name     string
 	firmware string // bios or uefi
+	uuid     string // SMBIOS system UUID, which PXE sends as option 97
 	mac      net.HardwareAddr
 	tap      string
 	serial   string
@@ -113,7 +117,7 @@ func (v *vm) args(t *testing.T, dir string) []string {
 	}
 	args := []string{
 		"-accel", "tcg", // KVM breaks real-mode firmware on these machines (DESIGN.md)
-		"-m", "512", "-smp", "1",
+		"-m", "512", "-smp", "1", "-uuid", v.uuid,
 		"-display", "none", "-monitor", "none", "-no-reboot",
 		"-serial", "file:" + v.serial,
 		"-netdev", "tap,id=n0,ifname=" + v.tap + ",script=no,downscript=no",
@@ -169,8 +173,8 @@ func TestQEMUNetboot(t *testing.T) {
 	ns.IP(t, "addr", "add", server+"/24", "dev", "br0")
 	ns.IP(t, "link", "set", "br0", "up")
 	vms := []*vm{
-		{name: "bios", firmware: "bios", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
-		{name: "uefi", firmware: "uefi", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
+		{name: "bios", firmware: "bios", uuid: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
+		{name: "uefi", firmware: "uefi", uuid: "12345678-9abc-def0-1234-56789abcdef0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
 	}
 	for _, v := range vms {
 		ns.IP(t, "tuntap", "add", v.tap, "mode", "tap")
@@ -194,7 +198,8 @@ func TestQEMUNetboot(t *testing.T) {
 
 	self, _ := os.Executable()
 	serverLog := &syncBuffer{}
-	args := []string{"pxe", "serve", "--interface", "br0",
+	state := filepath.Join(dir, "state")
+	args := []string{"pxe", "serve", "--interface", "br0", "--state-dir", state,
 		"--kernel", filepath.Join(assets, "vmlinuz"), "--initrd", initrd,
 		"--cmdline", "console=ttyS0 panic=-1 cozy.server=" + server + ":8080"}
 	for _, v := range vms {
@@ -266,6 +271,45 @@ func TestQEMUNetboot(t *testing.T) {
 		serial, _ := os.ReadFile(v.serial)
 		if !bytes.Contains(serial, []byte("cozy-initramfs: fetched")) {
 			t.Errorf("%s serial console lacks the initramfs's own report", v.name)
+		}
+	}
+
+	// What `cozyctl pxe machines` shows once the inventory is flushed.
+	want := map[string]*vm{}
+	for _, v := range vms {
+		want[v.mac.String()] = v
+	}
+	var machines []inventory.Machine
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var out, errOut bytes.Buffer
+		if cli.Execute([]string{"pxe", "machines", "--state-dir", state, "-o", "json"}, &out, &errOut) != 0 {
+			continue
+		}
+		if err := json.Unmarshal(out.Bytes(), &machines); err != nil {
+			t.Fatalf("pxe machines -o json: %v\n%s", err, out.String())
+		}
+		done := 0
+		for _, m := range machines {
+			if m.Phase == inventory.PhaseInitrd {
+				done++
+			}
+		}
+		if done == len(want) {
+			break
+		}
+	}
+	if len(machines) != len(want) {
+		t.Fatalf("pxe machines lists %d machines, want %d: %+v", len(machines), len(want), machines)
+	}
+	for _, m := range machines {
+		v := want[m.MAC]
+		if v == nil || v.firmware != m.Firmware || m.Phase != inventory.PhaseInitrd || !m.IP.IsValid() || !m.Allowed || m.Arch != "amd64" {
+			t.Errorf("pxe machines: %+v; want firmware %s, phase initrd, an IP", m, v.firmware)
+			continue
+		}
+		// Option 97 as the firmware sends it, read back as dmidecode shows it.
+		if m.UUID != v.uuid {
+			t.Errorf("%s: UUID %q from DHCP, want the VM's SMBIOS UUID %s", v.name, m.UUID, v.uuid)
 		}
 	}
 }

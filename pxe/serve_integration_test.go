@@ -47,6 +47,7 @@ type rig struct {
 	// the client has an address.
 	httpFrom *netnstest.NS
 	dir      string // files served
+	state    string // the server's --state-dir
 	stderr   *syncBuffer
 	kernel   []byte
 }
@@ -59,6 +60,7 @@ func newRig(t *testing.T) *rig {
 	cliNS := netnstest.New(t, "cli")
 	netnstest.Veth(t, srv, "boot0", serverAddr+"/24", cliNS, "eth0", "")
 	r := &rig{srv: srv, cli: cliNS, httpFrom: srv, dir: t.TempDir(), kernel: bytes.Repeat([]byte("K"), 1<<20)}
+	r.state = filepath.Join(r.dir, "state")
 	for name, content := range map[string][]byte{"vmlinuz": r.kernel, "initrd": []byte("initramfs"), "undionly.kpxe": []byte("bios-ipxe"), "ipxe.efi": []byte("uefi-ipxe")} {
 		if err := os.WriteFile(filepath.Join(r.dir, name), content, 0o644); err != nil {
 			t.Fatal(err)
@@ -85,7 +87,7 @@ func (r *rig) start(t *testing.T, extra ...string) *proc {
 		t.Fatal(err)
 	}
 	args := append([]string{"pxe", "serve", "--log-level", "debug",
-		"--interface", "boot0",
+		"--interface", "boot0", "--state-dir", r.state,
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--cmdline", "console=ttyS0",
 		"--ipxe-bios", filepath.Join(r.dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(r.dir, "ipxe.efi"),

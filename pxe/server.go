@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/httpboot"
+	"cozy.dev/cozy/pxe/inventory"
 	"cozy.dev/cozy/pxe/ipxe"
 	"cozy.dev/cozy/pxe/lease"
 	"cozy.dev/cozy/pxe/tftp"
@@ -211,6 +213,29 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		return false
 	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	inv, err := inventory.Open(cfg.StateDir, nil)
+	if err != nil {
+		return err
+	}
+	// advance records a phase for the machine at ip; in proxy mode the
+	// server may not know that IP yet, but the kernel's neighbour table does.
+	advance := func(mac string, ip netip.Addr, phase inventory.Phase) {
+		if !inv.Advance(mac, ip, phase) {
+			if mac := neighbourMAC(ip); mac != "" {
+				inv.Advance(mac, ip, phase)
+			}
+		}
+	}
+	phaseOf := func(asset string) inventory.Phase {
+		if asset == "kernel" {
+			return inventory.PhaseKernel
+		}
+		return inventory.PhaseInitrd
+	}
+
 	bootCfg := dhcp.Config{
 		ServerIP: cfg.ServerIP,
 		HTTPPort: cfg.HTTPPort,
@@ -276,6 +301,16 @@ func Serve(ctx context.Context, cfg Config) error {
 			Assets:    assets,
 			BootFiles: bootFiles,
 			Log:       log.With("service", "http"),
+			OnFetch: func(f httpboot.Fetch) {
+				switch f.Kind {
+				case "script":
+					advance(f.MAC.String(), f.Remote, inventory.PhaseIPXEScript)
+				case "asset":
+					advance("", f.Remote, phaseOf(f.Name))
+				case "boot":
+					advance("", f.Remote, inventory.PhaseIPXEBinary)
+				}
+			},
 		}).Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -286,7 +321,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
+	errs := make(chan error, 5)
 	run := func(name string, f func() error) {
 		wg.Go(func() {
 			if err := f(); err != nil && ctx.Err() == nil {
@@ -296,11 +331,34 @@ func Serve(ctx context.Context, cfg Config) error {
 		})
 	}
 	dhcpLog := log.With("service", "dhcp")
-	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, responder, dhcp.PortDHCP, dhcpLog) })
-	run("pxe", func() error { return serveDHCP(ctx, pxeConn, responder, dhcp.PortPXE, dhcpLog) })
+	sighted := func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr) {
+		client, err := dhcp.Classify(req)
+		var ip netip.Addr
+		switch {
+		case reply != nil && !reply.YourIPAddr.IsUnspecified():
+			ip, _ = netip.AddrFromSlice(reply.YourIPAddr.To4())
+		case !req.ClientIPAddr.IsUnspecified():
+			ip, _ = netip.AddrFromSlice(req.ClientIPAddr.To4())
+		case port == dhcp.PortPXE:
+			ip = peer.AddrPort().Addr().Unmap()
+		}
+		if err != nil && !ip.IsValid() {
+			return // not a netboot client and no lease of ours: not our business
+		}
+		inv.SawDHCP(inventory.DHCPSighting{
+			MAC: req.ClientHWAddr.String(), UUID: client.UUID, Arch: string(client.CPU), Firmware: string(client.Firmware),
+			VendorClass: client.VendorClass, IP: ip, Allowed: allowed(req.ClientHWAddr),
+			Answered: reply != nil && reply.BootFileName != "", IPXE: client.IPXE,
+		})
+	}
+	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, responder, dhcp.PortDHCP, dhcpLog, sighted) })
+	run("pxe", func() error { return serveDHCP(ctx, pxeConn, responder, dhcp.PortPXE, dhcpLog, sighted) })
 	run("tftp", func() error {
-		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp")}).Serve(ctx, tftpConn)
+		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp"), OnSent: func(_ string, ip netip.Addr) {
+			advance("", ip, inventory.PhaseIPXEBinary)
+		}}).Serve(ctx, tftpConn)
 	})
+	run("inventory", func() error { return inv.Run(ctx, time.Second) })
 	run("http", func() error {
 		if err := httpSrv.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -335,7 +393,8 @@ type replier interface {
 
 // serveDHCP reads requests from conn and sends the replies where RFC 2131
 // says (dhcp.Destination): broadcasts leave on the bound interface only.
-func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger) error {
+func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
+	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr)) error {
 	buf := make([]byte, 4096)
 	for {
 		n, peer, err := conn.ReadFromUDP(buf)
@@ -351,6 +410,7 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port i
 			continue
 		}
 		reply, outcome, err := responder.Reply(req, port)
+		sighted(req, reply, port, peer)
 		if err != nil {
 			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "err", err)
 			continue
@@ -367,4 +427,20 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port i
 		log.Info("dhcp reply", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
 			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst)
 	}
+}
+
+// neighbourMAC looks ip up in the kernel's IPv4 neighbour (ARP) table.
+func neighbourMAC(ip netip.Addr) string {
+	data, err := os.ReadFile("/proc/net/arp")
+	if err != nil {
+		return ""
+	}
+	// IP address  HW type  Flags  HW address  Mask  Device
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == ip.String() && f[3] != "00:00:00:00:00:00" {
+			return f[3]
+		}
+	}
+	return ""
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"cozy.dev/cozy/pxe"
+	"cozy.dev/cozy/pxe/inventory"
 	"cozy.dev/cozy/pxe/lease"
 )
 
@@ -22,8 +23,62 @@ func newPXECommand(g *Globals) *cobra.Command {
 		Use:   "pxe",
 		Short: "Netboot servers into Talos Linux (DHCP, TFTP, HTTP)",
 	}
-	cmd.AddCommand(newPXEServeCommand(g))
+	cmd.AddCommand(newPXEServeCommand(g), newPXEMachinesCommand(g))
 	return cmd
+}
+
+func newPXEMachinesCommand(g *Globals) *cobra.Command {
+	stateDir := pxe.DefaultStateDir
+	cmd := &cobra.Command{
+		Use:   "machines",
+		Short: "List the machines the netboot server has seen and how far each booted",
+		Long: `List the machines a running (or stopped) cozyctl pxe serve has seen: MAC,
+SMBIOS UUID, architecture, firmware, IP, vendor class, boot phase, and when
+it was first and last seen. The server keeps this in its state directory and
+updates it every second.
+
+Phases, in boot order: dhcp, ipxe-binary, ipxe-script, kernel, initrd, config.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			list, err := inventory.Load(stateDir)
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("no machines recorded in %s: is cozyctl pxe serve running with --state-dir %s?", stateDir, stateDir)
+			}
+			if err != nil {
+				return err
+			}
+			return g.Print(machineTable(list))
+		},
+	}
+	cmd.Flags().StringVar(&stateDir, "state-dir", stateDir, "the server's state directory")
+	return cmd
+}
+
+// machineTable shows machines as a table; JSON and YAML print the list.
+type machineTable []inventory.Machine
+
+func (m machineTable) Header() []string {
+	return []string{"MAC", "UUID", "ARCH", "FIRMWARE", "IP", "VENDOR CLASS", "PHASE", "ALLOWED", "FIRST SEEN", "LAST SEEN"}
+}
+
+func (m machineTable) Rows() [][]string {
+	rows := make([][]string, 0, len(m))
+	for _, x := range m {
+		ip := ""
+		if x.IP.IsValid() {
+			ip = x.IP.String()
+		}
+		rows = append(rows, []string{x.MAC, dash(x.UUID), dash(x.Arch), dash(x.Firmware), dash(ip), dash(x.VendorClass),
+			string(x.Phase), fmt.Sprint(x.Allowed), x.FirstSeen.Format(time.RFC3339), x.LastSeen.Format(time.RFC3339)})
+	}
+	return rows
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func newPXEServeCommand(g *Globals) *cobra.Command {
@@ -126,7 +181,7 @@ every DHCP client on the interface gets an address).`,
 	f.StringArrayVar(&dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
 	f.DurationVar(&cfg.LeaseTime, "lease-time", time.Hour, "full mode: lease time")
 	f.StringArrayVar(&reserve, "reserve", nil, "full mode: fixed address MAC=IP (repeatable)")
-	f.StringVar(&cfg.StateDir, "state-dir", pxe.DefaultStateDir, "where leases are kept (full mode)")
+	f.StringVar(&cfg.StateDir, "state-dir", pxe.DefaultStateDir, "where the machine inventory and (full mode) leases are kept")
 	f.StringVar(&cfg.Kernel, "kernel", "", "kernel to boot")
 	f.StringArrayVar(&cfg.Initrds, "initrd", nil, "initramfs to boot (repeatable, loaded in order)")
 	f.StringVar(&cfg.Cmdline, "cmdline", "", "kernel command line")

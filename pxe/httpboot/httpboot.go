@@ -4,9 +4,11 @@
 package httpboot
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -23,6 +25,27 @@ type Server struct {
 	BootFiles map[string]string
 	// Log receives one line per request; nil discards.
 	Log *slog.Logger
+	// OnFetch, if set, hears of every file served in full, for the
+	// machine inventory.
+	OnFetch func(Fetch)
+}
+
+// Fetch is one successful download.
+type Fetch struct {
+	Kind   string           // "script", "asset" or "boot"
+	Name   string           // asset or boot file name; empty for scripts
+	MAC    net.HardwareAddr // scripts only: whose script
+	Remote netip.Addr
+}
+
+func (s *Server) fetched(r *http.Request, f Fetch) {
+	if s.OnFetch == nil {
+		return
+	}
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		f.Remote = ap.Addr().Unmap()
+	}
+	s.OnFetch(f)
 }
 
 // Handler returns the routes:
@@ -34,8 +57,8 @@ type Server struct {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/{file}", s.script)
-	mux.HandleFunc("GET /assets/{name}", s.files(s.Assets))
-	mux.HandleFunc("GET /boot/{name}", s.files(s.BootFiles))
+	mux.HandleFunc("GET /assets/{name}", s.files("asset", s.Assets))
+	mux.HandleFunc("GET /boot/{name}", s.files("boot", s.BootFiles))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return s.logged(mux)
 }
@@ -65,12 +88,14 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	_, _ = w.Write([]byte(script))
+	if _, err := w.Write([]byte(script)); err == nil {
+		s.fetched(r, Fetch{Kind: "script", MAC: mac})
+	}
 }
 
 // files serves a fixed set of files by name; names outside the set are 404
 // whatever they contain, so there is no path to traverse.
-func (s *Server) files(set map[string]string) http.HandlerFunc {
+func (s *Server) files(kind string, set map[string]string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok := set[r.PathValue("name")]
 		if !ok {
@@ -91,8 +116,27 @@ func (s *Server) files(set map[string]string) http.HandlerFunc {
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
 		// ServeContent answers Range and If-Range, so a client can resume.
-		http.ServeContent(w, r, "", fi.ModTime(), f)
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		http.ServeContent(rec, r, "", fi.ModTime(), f)
+		// The download is complete when the last byte went out (a resumed
+		// download ends with a Range request reaching the end).
+		if (rec.status == http.StatusOK || rec.status == http.StatusPartialContent) && r.Method == http.MethodGet &&
+			endsAt(rec, fi.Size()) {
+			s.fetched(r, Fetch{Kind: kind, Name: r.PathValue("name")})
+		}
 	}
+}
+
+// endsAt reports whether a response carried a file's last byte.
+func endsAt(rec *statusRecorder, size int64) bool {
+	if rec.status == http.StatusOK {
+		return rec.bytes == size
+	}
+	var first, last, total int64
+	if _, err := fmt.Sscanf(rec.Header().Get("Content-Range"), "bytes %d-%d/%d", &first, &last, &total); err != nil {
+		return false
+	}
+	return last == total-1
 }
 
 type statusRecorder struct {

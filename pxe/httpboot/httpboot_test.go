@@ -71,3 +71,50 @@ func TestHandler(t *testing.T) {
 		})
 	}
 }
+
+func TestOnFetch(t *testing.T) {
+	dir := t.TempDir()
+	kpath := filepath.Join(dir, "kernel")
+	if err := os.WriteFile(kpath, bytes.Repeat([]byte("k"), 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var got []Fetch
+	s := &Server{
+		Script:  func(net.HardwareAddr) (string, bool) { return "#!ipxe\n", true },
+		Assets:  map[string]string{"kernel": kpath},
+		OnFetch: func(f Fetch) { got = append(got, f) },
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	for _, tc := range []struct{ path, rangeHdr string }{
+		{"/ipxe/52-54-00-ab-cd-ef.ipxe", ""},
+		{"/assets/kernel", "bytes=0-99"}, // a first part: not a download yet
+		{"/assets/kernel", "bytes=100-"}, // the rest: now it is
+		{"/assets/kernel", ""},           // whole
+		{"/assets/missing", ""},          // 404: nothing
+	} {
+		req, _ := http.NewRequest("GET", srv.URL+tc.path, nil)
+		if tc.rangeHdr != "" {
+			req.Header.Set("Range", tc.rangeHdr)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	want := []string{"script 52:54:00:ab:cd:ef", "asset kernel", "asset kernel"}
+	if len(got) != len(want) {
+		t.Fatalf("fetches %+v, want %v", got, want)
+	}
+	for i, f := range got {
+		desc := f.Kind + " " + f.Name
+		if f.Kind == "script" {
+			desc = f.Kind + " " + f.MAC.String()
+		}
+		if desc != want[i] || f.Remote.String() != "127.0.0.1" {
+			t.Errorf("fetch %d = %q from %v, want %q from 127.0.0.1", i, desc, f.Remote, want[i])
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path"
 	"strings"
@@ -30,6 +31,8 @@ type Server struct {
 	// Timeout is the per-packet retransmission timeout (default 2s: PXE
 	// ROMs give up after a few seconds, so waiting longer helps nobody).
 	Timeout time.Duration
+	// OnSent, if set, hears of every completed transfer.
+	OnSent func(file string, client netip.Addr)
 }
 
 // Errors the read handler returns; the client sees them as TFTP errors.
@@ -67,7 +70,7 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		timeout = 2 * time.Second
 	}
 	srv.SetTimeout(timeout)
-	srv.SetHook(hook{s.logger()})
+	srv.SetHook(hook{s.logger(), s.OnSent})
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -118,10 +121,17 @@ func (s *Server) read(name string, rf io.ReaderFrom) error {
 	return err
 }
 
-type hook struct{ log *slog.Logger }
+type hook struct {
+	log    *slog.Logger
+	onSent func(string, netip.Addr)
+}
 
 func (h hook) OnSuccess(st tftp.TransferStats) {
 	h.log.Info("tftp sent", "file", st.Filename, "client", st.RemoteAddr, "duration", st.Duration, "datagrams", st.DatagramsSent)
+	if ip, ok := netip.AddrFromSlice(st.RemoteAddr); ok && h.onSent != nil {
+		name, _ := CleanName(st.Filename)
+		h.onSent(name, ip.Unmap())
+	}
 }
 
 func (h hook) OnFailure(st tftp.TransferStats, err error) {

@@ -6,20 +6,26 @@ import (
 	"crypto/rand"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pin/tftp/v3"
 )
 
 // startServer serves files on a loopback port and stops when the test ends.
 func startServer(t *testing.T, files map[string][]byte) string {
+	return startServerWith(t, &Server{}, files)
+}
+
+func startServerWith(t *testing.T, s *Server, files map[string][]byte) string {
 	t.Helper()
 	dir := t.TempDir()
-	s := &Server{Files: map[string]string{}}
+	s.Files = map[string]string{}
 	for name, content := range files {
 		p := filepath.Join(dir, strings.ReplaceAll(name, "/", "_"))
 		if err := os.WriteFile(p, content, 0o644); err != nil {
@@ -197,4 +203,29 @@ func hasDotDotSegment(p string) bool {
 		}
 	}
 	return false
+}
+
+func TestOnSent(t *testing.T) {
+	sent := make(chan string, 4)
+	s := &Server{OnSent: func(file string, ip netip.Addr) { sent <- file + " " + ip.String() }}
+	addr := startServerWith(t, s, map[string][]byte{"ipxe.efi": []byte("x")})
+	if _, _, err := fetch(addr, "/ipxe.efi", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := fetch(addr, "nope", 0); err == nil {
+		t.Fatal("fetched a missing file")
+	}
+	select {
+	case got := <-sent:
+		if got != "ipxe.efi 127.0.0.1" {
+			t.Errorf("OnSent(%s), want ipxe.efi 127.0.0.1", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnSent not called for a finished transfer")
+	}
+	select {
+	case got := <-sent:
+		t.Errorf("OnSent(%s) for a failed transfer", got)
+	case <-time.After(200 * time.Millisecond):
+	}
 }

@@ -1,0 +1,65 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/pxe/inventory"
+)
+
+func TestPXEMachines(t *testing.T) {
+	dir := t.TempDir()
+	fixture := `[{"mac":"52:54:00:00:00:0a","uuid":"12345678-9abc-def0-1234-56789abcdef0","arch":"amd64","firmware":"uefi",
+"ip":"10.8.0.10","vendorClass":"PXEClient:Arch:00007","phase":"initrd","allowed":true,
+"firstSeen":"2026-11-29T12:00:00Z","lastSeen":"2026-11-29T12:01:00Z"},
+{"mac":"52:54:00:00:00:0b","phase":"dhcp","allowed":false,"firstSeen":"2026-11-29T12:00:00Z","lastSeen":"2026-11-29T12:00:00Z"}]`
+	if err := os.WriteFile(filepath.Join(dir, inventory.File), []byte(fixture), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	stdout, stderr, code := run("pxe", "machines", "--state-dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "MAC") ||
+		!strings.Contains(lines[1], "10.8.0.10") || !strings.Contains(lines[1], "initrd") ||
+		!strings.Contains(lines[2], "false") {
+		t.Errorf("table:\n%s", stdout)
+	}
+
+	stdout, _, code = run("pxe", "machines", "--state-dir", dir, "-o", "json")
+	var got []inventory.Machine
+	if code != 0 || json.Unmarshal([]byte(stdout), &got) != nil || len(got) != 2 || got[0].IP.String() != "10.8.0.10" {
+		t.Errorf("json: %s", stdout)
+	}
+
+	_, stderr, code = run("pxe", "machines", "--state-dir", filepath.Join(dir, "nowhere"))
+	if code == 0 || !strings.Contains(stderr, "is cozyctl pxe serve running") {
+		t.Errorf("missing state: exit %d, %s", code, stderr)
+	}
+}
+
+func TestPXEServeFlagErrors(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--mode", "relay"}, `--mode "relay": use proxy or full`},
+		{[]string{"--range", "10.0.0.1-10.0.0.9"}, "add --mode full"},
+		{[]string{"--mode", "full", "--range", "10.0.0.9-10.0.0.1"}, "--range"},
+		{[]string{"--mode", "full", "--reserve", "nonsense"}, "want MAC=IP"},
+		{[]string{"--allow-mac", "zz"}, "--allow-mac"},
+		{[]string{"--server-ip", "fd00::1"}, "IPv4"},
+	}
+	for _, tc := range tests {
+		args := append([]string{"pxe", "serve", "--interface", "lo"}, tc.args...)
+		_, stderr, code := run(args...)
+		if code == 0 || !strings.Contains(stderr, tc.wantErr) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, stderr, tc.wantErr)
+		}
+	}
+}
