@@ -22,6 +22,10 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"github.com/siderolabs/talos/pkg/machinery/gendata"
+	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
+	"github.com/siderolabs/talos/pkg/machinery/kernel"
 
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/httpboot"
@@ -29,6 +33,7 @@ import (
 	"cozy.dev/cozy/pxe/ipxe"
 	"cozy.dev/cozy/pxe/lease"
 	"cozy.dev/cozy/pxe/tftp"
+	"cozy.dev/cozy/pxe/token"
 )
 
 // Debian's ipxe package paths, the default iPXE binaries.
@@ -71,6 +76,15 @@ type Config struct {
 	LeaseTime    time.Duration
 	Reservations map[string]netip.Addr
 	StateDir     string
+
+	// Talos marks the kernel as Talos Linux: the command line gets
+	// talos.platform=metal and the default kernel arguments of the pinned
+	// Talos release.
+	Talos bool
+	// MachineConfigs maps a MAC to the Talos machine config file served to
+	// that machine only (talos.config= with a per-machine token). Those
+	// machines are allowed to boot; the files must be mode 0600.
+	MachineConfigs map[string]string
 
 	// BIOSBootFile and UEFIBootFile are iPXE binaries (Debian's by default);
 	// ARM64BootFile is optional.
@@ -116,6 +130,21 @@ func (c *Config) setDefaults() error {
 		if _, err := os.Stat(c.ARM64BootFile); err != nil {
 			return fmt.Errorf("arm64 boot file: %w", err)
 		}
+	}
+	for mac, path := range c.MachineConfigs {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return fmt.Errorf("machine config of %s: %w", mac, err)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("machine config %s holds cluster keys but is readable by others (mode %v): run chmod 600 %s", path, fi.Mode().Perm(), path)
+		}
+		hw, err := net.ParseMAC(mac)
+		if err != nil {
+			return fmt.Errorf("machine config for %q: %w", mac, err)
+		}
+		c.AllowMACs = append(c.AllowMACs, hw)
+		c.Talos = true
 	}
 	if !c.AllowUnknown && len(c.AllowMACs) == 0 {
 		return errors.New("no machine may boot: list machines or pass --allow-unknown to boot every PXE client on the interface")
@@ -179,6 +208,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Log
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
 	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort)))
 
 	assets := map[string]string{"kernel": cfg.Kernel}
@@ -188,9 +220,29 @@ func Serve(ctx context.Context, cfg Config) error {
 		assets[name] = p
 		boot.InitrdURLs = append(boot.InitrdURLs, base+"/assets/"+name)
 	}
-	script, err := ipxe.Script(boot)
+	if cfg.Talos {
+		boot.Cmdline = talosCmdline(cfg.Cmdline)
+	}
+	if _, err := ipxe.Script(boot); err != nil {
+		return err
+	}
+	keys, err := token.Load(cfg.StateDir)
 	if err != nil {
 		return err
+	}
+	configs := map[string]string{}
+	for mac, path := range cfg.MachineConfigs {
+		hw, _ := net.ParseMAC(mac)
+		configs[hw.String()] = path
+	}
+	// scriptFor is the iPXE script of one machine: the same boot for all,
+	// plus, for machines with a config, the URL only they can fetch it from.
+	scriptFor := func(mac net.HardwareAddr) (string, error) {
+		b := boot
+		if _, ok := configs[mac.String()]; ok {
+			b.Cmdline += fmt.Sprintf(" talos.config=%s/config/%s/%s.yaml", base, strings.ReplaceAll(mac.String(), ":", "-"), keys.For(mac))
+		}
+		return ipxe.Script(b)
 	}
 	bootFiles := map[string]string{
 		filepath.Base(cfg.BIOSBootFile): cfg.BIOSBootFile,
@@ -212,9 +264,6 @@ func Serve(ctx context.Context, cfg Config) error {
 			}
 		}
 		return false
-	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir: %w", err)
 	}
 	inv, err := inventory.Open(cfg.StateDir, nil)
 	if err != nil {
@@ -295,8 +344,15 @@ func Serve(ctx context.Context, cfg Config) error {
 				if !allowed(mac) {
 					return "", false
 				}
-				log.Info("ipxe script", "mac", mac.String())
+				script, err := scriptFor(mac)
+				if err != nil {
+					log.Error("ipxe script", "mac", mac.String(), "err", err)
+					return "", false
+				}
 				return script, true
+			},
+			MachineConfig: func(r httpboot.ConfigRequest) ([]byte, int) {
+				return machineConfig(r, configs, keys, inv, log)
 			},
 			Assets:    assets,
 			BootFiles: bootFiles,
@@ -309,6 +365,8 @@ func Serve(ctx context.Context, cfg Config) error {
 					advance("", f.Remote, phaseOf(f.Name))
 				case "boot":
 					advance("", f.Remote, inventory.PhaseIPXEBinary)
+				case "config":
+					advance(f.MAC.String(), f.Remote, inventory.PhaseConfig)
 				}
 			},
 		}).Handler(),
@@ -443,4 +501,47 @@ func neighbourMAC(ip netip.Addr) string {
 		}
 	}
 	return ""
+}
+
+// talosCmdline is the command line of a Talos kernel: the platform, the
+// default arguments of the pinned Talos release, a console unless the
+// user chose one, then the user's own arguments.
+func talosCmdline(user string) string {
+	args := []string{constants.KernelParamPlatform + "=metal"}
+	args = append(args, kernel.DefaultArgs(quirks.New(strings.TrimSpace(gendata.VersionTag)))...)
+	if !strings.Contains(user, "console=") {
+		args = append(args, "console=tty0", "console=ttyS0")
+	}
+	return strings.TrimSpace(strings.Join(args, " ") + " " + user)
+}
+
+// machineConfig serves a machine its config, and nobody else: the token
+// must be the MAC's, and when the server can tell who is asking (the
+// kernel's neighbour table for the requester's IP, the UUID and IP it saw
+// over DHCP) that must be the same machine.
+func machineConfig(r httpboot.ConfigRequest, configs map[string]string, keys *token.Keyring, inv *inventory.Inventory, log *slog.Logger) ([]byte, int) {
+	mac := r.MAC.String()
+	path, ok := configs[mac]
+	if !ok {
+		return nil, http.StatusNotFound
+	}
+	if !keys.Valid(r.MAC, r.Token) {
+		log.Warn("machine config refused: wrong token", "mac", mac, "client", r.Remote)
+		return nil, http.StatusForbidden
+	}
+	if asker := neighbourMAC(r.Remote); asker != "" && asker != mac {
+		log.Warn("machine config refused: asked for by another machine", "mac", mac, "client", r.Remote, "clientMAC", asker)
+		return nil, http.StatusForbidden
+	}
+	if m, ok := inv.Get(mac); ok && m.IP.IsValid() && m.IP != r.Remote && neighbourMAC(r.Remote) == "" {
+		log.Warn("machine config refused: not from the machine's address", "mac", mac, "client", r.Remote, "machineIP", m.IP)
+		return nil, http.StatusForbidden
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		log.Error("machine config unreadable", "mac", mac, "err", err)
+		return nil, http.StatusInternalServerError
+	}
+	log.Info("machine config served", "mac", mac, "client", r.Remote, "bytes", len(data))
+	return data, http.StatusOK
 }

@@ -90,6 +90,7 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		gateway   string
 		dns       []string
 		reserve   []string
+		configs   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -165,6 +166,17 @@ every DHCP client on the interface gets an address).`,
 				}
 				cfg.AllowMACs = append(cfg.AllowMACs, mac)
 			}
+			for _, c := range configs {
+				macText, path, ok := strings.Cut(c, "=")
+				mac, err := net.ParseMAC(macText)
+				if !ok || err != nil || path == "" {
+					return fmt.Errorf("--machine-config %q: want MAC=FILE", c)
+				}
+				if cfg.MachineConfigs == nil {
+					cfg.MachineConfigs = map[string]string{}
+				}
+				cfg.MachineConfigs[mac.String()] = path
+			}
 			cfg.Log = g.Logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -187,6 +199,8 @@ every DHCP client on the interface gets an address).`,
 	f.StringVar(&cfg.Cmdline, "cmdline", "", "kernel command line")
 	f.BoolVar(&cfg.AllowUnknown, "allow-unknown", false, "boot every PXE client on the interface, not only --allow-mac ones")
 	f.StringArrayVar(&allowMACs, "allow-mac", nil, "MAC address of a machine to boot (repeatable)")
+	f.BoolVar(&cfg.Talos, "talos", false, "the kernel is Talos Linux: add talos.platform=metal and Talos's default kernel arguments")
+	f.StringArrayVar(&configs, "machine-config", nil, "MAC=FILE: Talos machine config served only to that machine via talos.config= (file mode 0600; implies --talos)")
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
 	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients (snponly.efi uses the firmware's NIC driver)")
 	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients (none by default)")

@@ -28,6 +28,17 @@ type Server struct {
 	// OnFetch, if set, hears of every file served in full, for the
 	// machine inventory.
 	OnFetch func(Fetch)
+	// MachineConfig answers GET /config/{mac}/{token}.yaml: the config
+	// with 200, or 403/404 and no body. Nil: every config is 404. Configs
+	// hold cluster keys: neither they nor their tokens are logged.
+	MachineConfig func(ConfigRequest) ([]byte, int)
+}
+
+// ConfigRequest is a machine asking for its config.
+type ConfigRequest struct {
+	MAC    net.HardwareAddr
+	Token  string
+	Remote netip.Addr
 }
 
 // Fetch is one successful download.
@@ -59,6 +70,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /ipxe/{file}", s.script)
 	mux.HandleFunc("GET /assets/{name}", s.files("asset", s.Assets))
 	mux.HandleFunc("GET /boot/{name}", s.files("boot", s.BootFiles))
+	mux.HandleFunc("GET /config/{mac}/{file}", s.config)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return s.logged(mux)
 }
@@ -90,6 +102,29 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	if _, err := w.Write([]byte(script)); err == nil {
 		s.fetched(r, Fetch{Kind: "script", MAC: mac})
+	}
+}
+
+func (s *Server) config(w http.ResponseWriter, r *http.Request) {
+	tok, ok := strings.CutSuffix(r.PathValue("file"), ".yaml")
+	mac, err := net.ParseMAC(strings.ReplaceAll(r.PathValue("mac"), "-", ":"))
+	if !ok || err != nil || len(mac) != 6 || s.MachineConfig == nil {
+		http.NotFound(w, r)
+		return
+	}
+	req := ConfigRequest{MAC: mac, Token: tok}
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		req.Remote = ap.Addr().Unmap()
+	}
+	data, status := s.MachineConfig(req)
+	if status != http.StatusOK {
+		http.Error(w, http.StatusText(status), status)
+		return
+	}
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Header().Set("Cache-Control", "no-store")
+	if _, err := w.Write(data); err == nil {
+		s.fetched(r, Fetch{Kind: "config", MAC: mac})
 	}
 }
 
@@ -161,7 +196,18 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		s.logger().Info("http", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr, "agent", r.UserAgent(),
+		s.logger().Info("http", "method", r.Method, "path", redact(r.URL.Path), "client", r.RemoteAddr, "agent", r.UserAgent(),
 			"status", rec.status, "bytes", rec.bytes, "duration", time.Since(start))
 	})
+}
+
+// redact hides the token in a config path: a token in a log is a config
+// anyone with the log can fetch.
+func redact(path string) string {
+	if rest, ok := strings.CutPrefix(path, "/config/"); ok {
+		if mac, _, ok := strings.Cut(rest, "/"); ok {
+			return "/config/" + mac + "/REDACTED"
+		}
+	}
+	return path
 }

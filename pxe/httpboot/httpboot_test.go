@@ -3,6 +3,7 @@ package httpboot
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -116,5 +117,60 @@ func TestOnFetch(t *testing.T) {
 		if desc != want[i] || f.Remote.String() != "127.0.0.1" {
 			t.Errorf("fetch %d = %q from %v, want %q from 127.0.0.1", i, desc, f.Remote, want[i])
 		}
+	}
+}
+
+func TestMachineConfig(t *testing.T) {
+	var logs bytes.Buffer
+	known := net.HardwareAddr{0x52, 0x54, 0, 0xab, 0xcd, 0xef}
+	var fetched []Fetch
+	s := &Server{
+		Script: func(net.HardwareAddr) (string, bool) { return "", false },
+		MachineConfig: func(r ConfigRequest) ([]byte, int) {
+			switch {
+			case !bytes.Equal(r.MAC, known):
+				return nil, http.StatusNotFound
+			case r.Token != "s3cret-token":
+				return nil, http.StatusForbidden
+			}
+			return []byte("machine:\n  ca: KEY\n"), http.StatusOK
+		},
+		OnFetch: func(f Fetch) { fetched = append(fetched, f) },
+		Log:     slog.New(slog.NewTextHandler(&logs, nil)),
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	tests := []struct {
+		path string
+		want int
+	}{
+		{"/config/52-54-00-ab-cd-ef/s3cret-token.yaml", 200},
+		{"/config/52-54-00-ab-cd-ef/guess.yaml", 403},
+		{"/config/52-54-00-00-00-01/s3cret-token.yaml", 404},
+		{"/config/not-a-mac/s3cret-token.yaml", 404},
+		{"/config/52-54-00-ab-cd-ef/s3cret-token", 404},
+	}
+	for _, tc := range tests {
+		resp, err := http.Get(srv.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s: %d, want %d", tc.path, resp.StatusCode, tc.want)
+		}
+		if tc.want != 200 && bytes.Contains(body, []byte("KEY")) {
+			t.Errorf("%s: refused but leaked the config", tc.path)
+		}
+		if tc.want == 200 && resp.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("config response may be cached")
+		}
+	}
+	if len(fetched) != 1 || fetched[0].Kind != "config" || !bytes.Equal(fetched[0].MAC, known) {
+		t.Errorf("fetches: %+v", fetched)
+	}
+	if bytes.Contains(logs.Bytes(), []byte("s3cret")) || bytes.Contains(logs.Bytes(), []byte("KEY")) {
+		t.Errorf("token or config in the log:\n%s", logs.String())
 	}
 }
