@@ -130,6 +130,10 @@ func TestFullModeLeasesSurviveKill9(t *testing.T) {
 	if l, err := r.lease(t, mac(4)); err == nil {
 		t.Fatalf("fourth client got %s from a full pool", l.ACK.YourIPAddr)
 	}
+	r.httpFrom = r.srv
+	if m := r.metrics(t); !strings.Contains(m, "cozy_pxe_dhcp_leases 3\n") {
+		t.Errorf("/metrics: want 3 leases:\n%s", m)
+	}
 	// An owner coming back (INIT-REBOOT) keeps its address...
 	ip1 := net.ParseIP(granted[mac(1).String()])
 	if l, err := r.lease(t, mac(1), dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip1))); err != nil || !l.ACK.YourIPAddr.Equal(ip1) {

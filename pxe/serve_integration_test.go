@@ -311,6 +311,32 @@ func TestServeBootServerTFTPAndHTTP(t *testing.T) {
 	if resp, err := r.get("/ipxe/52-54-00-de-ad-01.ipxe", ""); err != nil || resp.StatusCode != 404 {
 		t.Errorf("script for a machine not allowed: %v %v", resp.StatusCode, err)
 	}
+
+	// Everything above, as Prometheus sees it.
+	metrics := r.metrics(t)
+	for _, want := range []string{
+		`cozy_pxe_dhcp_packets_total{outcome="ack",port="4011",type="REQUEST"} 1`,
+		`cozy_pxe_tftp_transfers_total{result="sent"} 1`,
+		`cozy_pxe_tftp_bytes_total 9`,
+		`cozy_pxe_http_requests_total{code="206",kind="asset"} 1`,
+		`cozy_pxe_http_requests_total{code="404",kind="script"} 1`,
+		`cozy_pxe_machines{phase="kernel"} 1`, // the Range request reached the end of the kernel
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func (r *rig) metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := r.get("/metrics", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 func TestServeRefusesToAnswerEveryone(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -292,8 +293,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		Allow:    func(c dhcp.Client) bool { return allowed(c.MAC) },
 	}
 	var responder replier
+	var store *lease.Store
 	if cfg.Mode == "full" {
-		store, err := lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil)
+		store, err = lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil)
 		if err != nil {
 			return err
 		}
@@ -338,8 +340,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen for HTTP on %s:%d: %w", cfg.ServerIP, cfg.HTTPPort, err)
 	}
+	met := newMetrics(inv, store)
 	httpSrv := &http.Server{
-		Handler: (&httpboot.Server{
+		Handler: met.instrument((&httpboot.Server{
 			Script: func(mac net.HardwareAddr) (string, bool) {
 				if !allowed(mac) {
 					return "", false
@@ -369,7 +372,7 @@ func Serve(ctx context.Context, cfg Config) error {
 					advance(f.MAC.String(), f.Remote, inventory.PhaseConfig)
 				}
 			},
-		}).Handler(),
+		}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 
@@ -389,7 +392,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		})
 	}
 	dhcpLog := log.With("service", "dhcp")
-	sighted := func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr) {
+	sighted := func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome) {
+		met.dhcp.WithLabelValues(strconv.Itoa(port), req.MessageType().String(), string(outcome)).Inc()
 		client, err := dhcp.Classify(req)
 		var ip netip.Addr
 		switch {
@@ -412,9 +416,16 @@ func Serve(ctx context.Context, cfg Config) error {
 	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, responder, dhcp.PortDHCP, dhcpLog, sighted) })
 	run("pxe", func() error { return serveDHCP(ctx, pxeConn, responder, dhcp.PortPXE, dhcpLog, sighted) })
 	run("tftp", func() error {
-		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp"), OnSent: func(_ string, ip netip.Addr) {
-			advance("", ip, inventory.PhaseIPXEBinary)
-		}}).Serve(ctx, tftpConn)
+		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp"),
+			OnSent: func(name string, ip netip.Addr) {
+				met.tftpTransfer.WithLabelValues("sent").Inc()
+				if fi, err := os.Stat(bootFiles[name]); err == nil {
+					met.tftpBytes.Add(float64(fi.Size()))
+				}
+				advance("", ip, inventory.PhaseIPXEBinary)
+			},
+			OnFailed: func() { met.tftpTransfer.WithLabelValues("failed").Inc() },
+		}).Serve(ctx, tftpConn)
 	})
 	run("inventory", func() error { return inv.Run(ctx, time.Second) })
 	run("http", func() error {
@@ -452,7 +463,7 @@ type replier interface {
 // serveDHCP reads requests from conn and sends the replies where RFC 2131
 // says (dhcp.Destination): broadcasts leave on the bound interface only.
 func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
-	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr)) error {
+	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome)) error {
 	buf := make([]byte, 4096)
 	for {
 		n, peer, err := conn.ReadFromUDP(buf)
@@ -468,7 +479,7 @@ func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port i
 			continue
 		}
 		reply, outcome, err := responder.Reply(req, port)
-		sighted(req, reply, port, peer)
+		sighted(req, reply, port, peer, outcome)
 		if err != nil {
 			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "err", err)
 			continue

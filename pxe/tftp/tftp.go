@@ -31,8 +31,10 @@ type Server struct {
 	// Timeout is the per-packet retransmission timeout (default 2s: PXE
 	// ROMs give up after a few seconds, so waiting longer helps nobody).
 	Timeout time.Duration
-	// OnSent, if set, hears of every completed transfer.
-	OnSent func(file string, client netip.Addr)
+	// OnSent, if set, hears of every completed transfer; OnFailed of
+	// every transfer that did not complete.
+	OnSent   func(file string, client netip.Addr)
+	OnFailed func()
 }
 
 // Errors the read handler returns; the client sees them as TFTP errors.
@@ -70,7 +72,7 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		timeout = 2 * time.Second
 	}
 	srv.SetTimeout(timeout)
-	srv.SetHook(hook{s.logger(), s.OnSent})
+	srv.SetHook(hook{s.logger(), s.OnSent, s.OnFailed})
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -122,8 +124,9 @@ func (s *Server) read(name string, rf io.ReaderFrom) error {
 }
 
 type hook struct {
-	log    *slog.Logger
-	onSent func(string, netip.Addr)
+	log      *slog.Logger
+	onSent   func(string, netip.Addr)
+	onFailed func()
 }
 
 func (h hook) OnSuccess(st tftp.TransferStats) {
@@ -136,4 +139,7 @@ func (h hook) OnSuccess(st tftp.TransferStats) {
 
 func (h hook) OnFailure(st tftp.TransferStats, err error) {
 	h.log.Warn("tftp transfer failed", "file", st.Filename, "client", st.RemoteAddr, "err", err)
+	if h.onFailed != nil {
+		h.onFailed()
+	}
 }

@@ -1,0 +1,124 @@
+package pxe
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"cozy.dev/cozy/pxe/inventory"
+	"cozy.dev/cozy/pxe/lease"
+)
+
+// metrics are the server's Prometheus metrics, on its own registry (no
+// process-wide state), served at /metrics on the HTTP port.
+type metrics struct {
+	registry     *prometheus.Registry
+	dhcp         *prometheus.CounterVec
+	tftpTransfer *prometheus.CounterVec
+	tftpBytes    prometheus.Counter
+	httpRequests *prometheus.CounterVec
+	httpBytes    *prometheus.CounterVec
+}
+
+func newMetrics(inv *inventory.Inventory, leases *lease.Store) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		dhcp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cozy_pxe_dhcp_packets_total",
+			Help: "DHCP requests received, by port, message type and what the server did with them.",
+		}, []string{"port", "type", "outcome"}),
+		tftpTransfer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cozy_pxe_tftp_transfers_total",
+			Help: "TFTP transfers, by result (sent or failed).",
+		}, []string{"result"}),
+		tftpBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cozy_pxe_tftp_bytes_total",
+			Help: "Bytes of files sent completely over TFTP.",
+		}),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cozy_pxe_http_requests_total",
+			Help: "HTTP requests, by what was asked for (script, asset, boot, config, other) and status code.",
+		}, []string{"kind", "code"}),
+		httpBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cozy_pxe_http_bytes_total",
+			Help: "HTTP response bytes, by what was asked for.",
+		}, []string{"kind"}),
+	}
+	m.registry.MustRegister(m.dhcp, m.tftpTransfer, m.tftpBytes, m.httpRequests, m.httpBytes)
+	phases := prometheus.NewDesc("cozy_pxe_machines", "Machines seen, by boot phase.", []string{"phase"}, nil)
+	m.registry.MustRegister(collectorFunc{desc: phases, collect: func(ch chan<- prometheus.Metric) {
+		count := map[inventory.Phase]int{}
+		for _, mc := range inv.List() {
+			count[mc.Phase]++
+		}
+		for phase, n := range count {
+			ch <- prometheus.MustNewConstMetric(phases, prometheus.GaugeValue, float64(n), string(phase))
+		}
+	}})
+	if leases != nil {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "cozy_pxe_dhcp_leases",
+			Help: "Leases not yet expired (full mode).",
+		}, func() float64 {
+			n, now := 0, time.Now()
+			for _, l := range leases.Leases() {
+				if now.Before(l.Expires) {
+					n++
+				}
+			}
+			return float64(n)
+		}))
+	}
+	return m
+}
+
+// collectorFunc is a collector computed at scrape time.
+type collectorFunc struct {
+	desc    *prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// instrument serves /metrics and counts every other request.
+func (m *metrics) instrument(next http.Handler) http.Handler {
+	metricsHandler := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			metricsHandler.ServeHTTP(w, r)
+			return
+		}
+		rec := &countingResponse{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		kind := "other"
+		for _, k := range []string{"ipxe", "assets", "boot", "config"} {
+			if strings.HasPrefix(r.URL.Path, "/"+k+"/") {
+				kind = map[string]string{"ipxe": "script", "assets": "asset", "boot": "boot", "config": "config"}[k]
+			}
+		}
+		m.httpRequests.WithLabelValues(kind, strconv.Itoa(rec.status)).Inc()
+		m.httpBytes.WithLabelValues(kind).Add(float64(rec.bytes))
+	})
+}
+
+type countingResponse struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (c *countingResponse) WriteHeader(code int) {
+	c.status = code
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countingResponse) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.bytes += int64(n)
+	return n, err
+}
