@@ -19,6 +19,15 @@ packages=(
 	cpio            # cross-checks the initramfs writer
 )
 
+# `hack/install-deps.sh bench` adds the peers `make bench` compares with.
+if [[ "${1:-}" == bench ]]; then
+	packages+=(
+		kea-admin        # perfdhcp
+		kea-dhcp4-server # Kea, the DHCP peer
+		nginx-light      # the HTTP peer
+	)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,4 +43,12 @@ fi
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
+# Install daemons without starting them: nothing may answer on this
+# machine's networks except inside the tests' own namespaces.
+policy=/usr/sbin/policy-rc.d
+created_policy=
+if [[ ! -e $policy ]]; then
+	printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created_policy=1
+fi
+trap '[[ -n $created_policy ]] && rm -f "$policy"' EXIT
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -326,6 +326,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen for DHCP on %s:67 (needs root or CAP_NET_BIND_SERVICE+CAP_NET_RAW): %w", cfg.Interface, err)
 	}
 	defer dhcpConn.Close()
+	// A rack powering on at once is a burst of DISCOVERs: queue them
+	// rather than drop them while the previous ones are answered.
+	_ = dhcpConn.SetReadBuffer(4 << 20)
 	pxeConn, err := server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortPXE})
 	if err != nil {
 		return fmt.Errorf("listen for PXE on %s:4011: %w", cfg.Interface, err)
@@ -404,8 +407,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		case port == dhcp.PortPXE:
 			ip = peer.AddrPort().Addr().Unmap()
 		}
-		if err != nil && !ip.IsValid() {
-			return // not a netboot client and no lease of ours: not our business
+		if err != nil {
+			return // not a netboot client: its lease, if any, is in the lease journal
 		}
 		inv.SawDHCP(inventory.DHCPSighting{
 			MAC: req.ClientHWAddr.String(), UUID: client.UUID, Arch: string(client.CPU), Firmware: string(client.Firmware),
@@ -463,6 +466,25 @@ type replier interface {
 // serveDHCP reads requests from conn and sends the replies where RFC 2131
 // says (dhcp.Destination): broadcasts leave on the bound interface only.
 func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
+	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome)) error {
+	// Several workers share the socket: while one waits for its lease to
+	// reach the disk, others answer, and their fsyncs are shared.
+	const workers = 8
+	errs := make(chan error, workers)
+	for range workers {
+		go func() { errs <- dhcpWorker(ctx, conn, responder, port, log, sighted) }()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			conn.Close() // stop the others too
+		}
+	}
+	return first
+}
+
+func dhcpWorker(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
 	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome)) error {
 	buf := make([]byte, 4096)
 	for {

@@ -48,6 +48,14 @@ func (p Pool) Contains(ip netip.Addr) bool {
 
 func (p Pool) String() string { return p.First.String() + "-" + p.Last.String() }
 
+// size is the number of addresses in the pool.
+func (p Pool) size() int {
+	f, l := p.First.As4(), p.Last.As4()
+	first := uint32(f[0])<<24 | uint32(f[1])<<16 | uint32(f[2])<<8 | uint32(f[3])
+	last := uint32(l[0])<<24 | uint32(l[1])<<16 | uint32(l[2])<<8 | uint32(l[3])
+	return int(last-first) + 1
+}
+
 // Lease is one address granted to one client.
 type Lease struct {
 	MAC     string     `json:"mac"`
@@ -85,14 +93,23 @@ type Store struct {
 	// static maps a MAC to a reserved address; reserved addresses may lie
 	// outside the pool and are never given to anyone else.
 	static map[string]netip.Addr
+	// reserved is static inverted: which MAC an address is reserved for.
+	reserved map[netip.Addr]string
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// cursor is where the search for a free address resumes, so offers
+	// stay O(1) on a pool that fills from the bottom.
+	cursor   netip.Addr
 	byIP     map[netip.Addr]*Lease
 	byMAC    map[string]*Lease
 	declined map[netip.Addr]time.Time
 	offers   map[netip.Addr]offer
 	journal  *os.File
 	path     string
+	written  uint64 // records appended (under mu)
+
+	syncMu sync.Mutex
+	synced uint64 // records known durable (under syncMu)
 }
 
 type offer struct {
@@ -116,9 +133,12 @@ func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.T
 		declined: map[netip.Addr]time.Time{}, offers: map[netip.Addr]offer{},
 		path: filepath.Join(dir, "leases.jsonl"),
 	}
+	s.reserved = map[netip.Addr]string{}
 	for mac, ip := range static {
 		s.static[normMAC(mac)] = ip
+		s.reserved[ip] = normMAC(mac)
 	}
+	s.cursor = pool.First
 	if err := s.load(); err != nil {
 		return nil, err
 	}
@@ -224,19 +244,39 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// write appends a record and fsyncs it: only then is a grant real.
-func (s *Store) write(r record) error {
+// append writes a record to the journal and applies it; s.mu must be held.
+// The record is durable only after sync(seq) returns.
+func (s *Store) append(r record) (seq uint64, err error) {
 	b, err := json.Marshal(r)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := s.journal.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("write lease journal: %w", err)
+		return 0, fmt.Errorf("write lease journal: %w", err)
 	}
+	// Applied before it is durable: until then the address counts as taken
+	// (the safe side) but no one has been told it is theirs.
+	s.apply(r)
+	s.written++
+	return s.written, nil
+}
+
+// sync makes every record up to seq durable. Callers that wrote while
+// another fsync ran share the next one (group commit), so concurrent
+// grants cost one fsync, not one each.
+func (s *Store) sync(seq uint64) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.synced >= seq {
+		return nil
+	}
+	s.mu.Lock()
+	target := s.written
+	s.mu.Unlock()
 	if err := s.journal.Sync(); err != nil {
 		return fmt.Errorf("sync lease journal: %w", err)
 	}
-	s.apply(r)
+	s.synced = target
 	return nil
 }
 
@@ -249,10 +289,8 @@ func (s *Store) Close() error {
 
 // usableBy reports whether ip may go to mac now.
 func (s *Store) usableBy(ip netip.Addr, mac string, now time.Time) error {
-	for m, r := range s.static {
-		if r == ip && m != mac {
-			return fmt.Errorf("%w: %s is reserved for %s", ErrTaken, ip, m)
-		}
+	if m, ok := s.reserved[ip]; ok && m != mac {
+		return fmt.Errorf("%w: %s is reserved for %s", ErrTaken, ip, m)
 	}
 	if r, ok := s.static[mac]; ok {
 		if r != ip {
@@ -302,25 +340,36 @@ func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, s.usableBy(candidates[0], mac, now)
 	}
 	// Never-used addresses first, then expired ones, so a client that
-	// returns soon tends to find its old address still free.
+	// returns soon tends to find its old address still free. The search
+	// starts at the cursor and wraps around once.
 	var expired netip.Addr
-	for ip := s.pool.First; s.pool.Contains(ip); ip = ip.Next() {
-		if s.usableBy(ip, mac, now) != nil {
-			continue
+	ip := s.cursor
+	for range s.pool.size() {
+		if s.usableBy(ip, mac, now) == nil {
+			if s.byIP[ip] == nil {
+				return s.hold(ip, mac, now), nil
+			}
+			if !expired.IsValid() {
+				expired = ip
+			}
 		}
-		if s.byIP[ip] == nil {
-			s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
-			return ip, nil
-		}
-		if !expired.IsValid() {
-			expired = ip
+		if ip = ip.Next(); !s.pool.Contains(ip) {
+			ip = s.pool.First
 		}
 	}
 	if expired.IsValid() {
-		s.offers[expired] = offer{mac: mac, expires: now.Add(offerHold)}
-		return expired, nil
+		return s.hold(expired, mac, now), nil
 	}
 	return netip.Addr{}, ErrPoolExhausted
+}
+
+// hold reserves an offered address for its client and moves the cursor.
+func (s *Store) hold(ip netip.Addr, mac string, now time.Time) netip.Addr {
+	s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
+	if s.cursor = ip.Next(); !s.pool.Contains(s.cursor) {
+		s.cursor = s.pool.First
+	}
+	return ip
 }
 
 // Grant leases ip to mac for d, durably: when Grant returns nil the lease
@@ -328,28 +377,38 @@ func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
 func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
 	mac = normMAC(mac)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := s.now()
 	if err := s.usableBy(ip, mac, now); err != nil {
+		s.mu.Unlock()
 		return Lease{}, err
 	}
 	delete(s.offers, ip)
 	r := record{Op: "grant", MAC: mac, IP: ip, Expires: now.Add(d).UTC().Truncate(time.Second)}
-	if err := s.write(r); err != nil {
+	seq, err := s.append(r)
+	s.mu.Unlock()
+	if err != nil {
 		return Lease{}, err
 	}
-	return *s.byIP[ip], nil
+	if err := s.sync(seq); err != nil {
+		return Lease{}, err
+	}
+	return Lease{MAC: mac, IP: ip, Expires: r.Expires}, nil
 }
 
 // Release ends mac's lease on ip early (DHCPRELEASE).
 func (s *Store) Release(mac string, ip netip.Addr) error {
 	mac = normMAC(mac)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if l := s.byIP[ip]; l == nil || l.MAC != mac {
+		s.mu.Unlock()
 		return nil // not ours to release; RFC 2131 has no reply anyway
 	}
-	return s.write(record{Op: "release", MAC: mac, IP: ip, Expires: s.now().UTC()})
+	seq, err := s.append(record{Op: "release", MAC: mac, IP: ip, Expires: s.now().UTC()})
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.sync(seq)
 }
 
 // Decline takes ip out of use for a while: the client found it in use
@@ -357,14 +416,16 @@ func (s *Store) Release(mac string, ip netip.Addr) error {
 func (s *Store) Decline(mac string, ip netip.Addr) error {
 	mac = normMAC(mac)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.pool.Contains(ip) {
-		return nil
+	if l := s.byIP[ip]; !s.pool.Contains(ip) || (l != nil && l.MAC != mac) {
+		s.mu.Unlock()
+		return nil // not ours, or someone else's lease: a forged or confused decline
 	}
-	if l := s.byIP[ip]; l != nil && l.MAC != mac {
-		return nil // someone else's lease: a forged or confused decline
+	seq, err := s.append(record{Op: "decline", IP: ip, Expires: s.now().Add(declineHold).UTC()})
+	s.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return s.write(record{Op: "decline", IP: ip, Expires: s.now().Add(declineHold).UTC()})
+	return s.sync(seq)
 }
 
 // Lookup returns mac's lease, expired or not.

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -106,7 +108,8 @@ func TestStore(t *testing.T) {
 			{do: "reopen"},
 			{do: "offer", mac: macA, want: "10.8.0.11"},
 			{do: "wait", d: 11 * time.Minute},
-			{do: "offer", mac: macB, want: "10.8.0.10"},
+			{do: "offer", mac: macB, want: "10.8.0.12"}, // the search goes on from the last offer
+			{do: "offer", mac: macC, want: "10.8.0.10"}, // and wraps around to the rested address
 		}},
 		{"reservations", []step{
 			{do: "offer", mac: macR, want: "10.8.0.200"},
@@ -297,15 +300,28 @@ func TestLeaseChild(t *testing.T) {
 		fmt.Println("open:", err)
 		os.Exit(1)
 	}
-	for i := start; ; i++ {
-		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
-		addr, err := s.Offer(mac, netip.Addr{})
-		if err != nil {
-			os.Exit(1)
-		}
-		if _, err := s.Grant(mac, addr, time.Hour); err != nil {
-			os.Exit(1)
-		}
-		fmt.Println(mac, addr)
+	// Four granting at once, as the server's DHCP workers do: grants share
+	// fsyncs (group commit), and each is reported only once durable.
+	var out sync.Mutex
+	var next atomic.Int64
+	next.Store(int64(start))
+	for range 4 {
+		go func() {
+			for {
+				i := next.Add(1)
+				mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
+				addr, err := s.Offer(mac, netip.Addr{})
+				if err != nil {
+					os.Exit(1)
+				}
+				if _, err := s.Grant(mac, addr, time.Hour); err != nil {
+					os.Exit(1)
+				}
+				out.Lock()
+				fmt.Println(mac, addr)
+				out.Unlock()
+			}
+		}()
 	}
+	select {}
 }
