@@ -24,14 +24,7 @@ var fullModeArgs = []string{"--mode", "full", "--range", "10.77.0.100-10.77.0.10
 // lease runs a full DORA with nclient4 from the client namespace.
 func (r *rig) lease(t *testing.T, mac net.HardwareAddr, mods ...dhcpv4.Modifier) (*nclient4.Lease, error) {
 	t.Helper()
-	var c *nclient4.Client
-	if err := r.cli.Do(func() error {
-		var err error
-		c, err = nclient4.New("eth0", nclient4.WithHWAddr(mac), nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(1))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	c := r.dhcpClient(t, mac)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -85,40 +85,26 @@ type collectorFunc struct {
 func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
 
-// instrument serves /metrics and counts every other request.
-func (m *metrics) instrument(next http.Handler) http.Handler {
+// handler serves /metrics and hands every other request to next.
+func (m *metrics) handler(next http.Handler) http.Handler {
 	metricsHandler := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
 			metricsHandler.ServeHTTP(w, r)
 			return
 		}
-		rec := &countingResponse{ResponseWriter: w, status: http.StatusOK}
-		next.ServeHTTP(rec, r)
-		kind := "other"
-		for _, k := range []string{"ipxe", "assets", "boot", "config"} {
-			if strings.HasPrefix(r.URL.Path, "/"+k+"/") {
-				kind = map[string]string{"ipxe": "script", "assets": "asset", "boot": "boot", "config": "config"}[k]
-			}
-		}
-		m.httpRequests.WithLabelValues(kind, strconv.Itoa(rec.status)).Inc()
-		m.httpBytes.WithLabelValues(kind).Add(float64(rec.bytes))
+		next.ServeHTTP(w, r)
 	})
 }
 
-type countingResponse struct {
-	http.ResponseWriter
-	status int
-	bytes  int64
-}
-
-func (c *countingResponse) WriteHeader(code int) {
-	c.status = code
-	c.ResponseWriter.WriteHeader(code)
-}
-
-func (c *countingResponse) Write(b []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(b)
-	c.bytes += int64(n)
-	return n, err
+// countHTTP records one answered request of the boot HTTP server.
+func (m *metrics) countHTTP(path string, status int, bytes int64) {
+	kind := "other"
+	for prefix, k := range map[string]string{"/ipxe/": "script", "/assets/": "asset", "/boot/": "boot", "/config/": "config"} {
+		if strings.HasPrefix(path, prefix) {
+			kind = k
+		}
+	}
+	m.httpRequests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
+	m.httpBytes.WithLabelValues(kind).Add(float64(bytes))
 }

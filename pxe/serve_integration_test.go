@@ -178,6 +178,16 @@ func pxeDiscover(arch iana.Arch, ipxe bool) []dhcpv4.Modifier {
 // nclient4 and returns the offer, or an error after the timeout.
 func (r *rig) discover(t *testing.T, mac net.HardwareAddr, mods ...dhcpv4.Modifier) (*dhcpv4.DHCPv4, error) {
 	t.Helper()
+	c := r.dhcpClient(t, mac)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return c.DiscoverOffer(ctx, mods...)
+}
+
+// dhcpClient is an nclient4 client on the client namespace's eth0.
+func (r *rig) dhcpClient(t *testing.T, mac net.HardwareAddr) *nclient4.Client {
+	t.Helper()
 	var c *nclient4.Client
 	if err := r.cli.Do(func() error {
 		var err error
@@ -186,10 +196,7 @@ func (r *rig) discover(t *testing.T, mac net.HardwareAddr, mods ...dhcpv4.Modifi
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return c.DiscoverOffer(ctx, mods...)
+	return c
 }
 
 func TestServeProxyDHCP(t *testing.T) {

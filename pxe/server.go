@@ -345,7 +345,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	met := newMetrics(inv, store)
 	httpSrv := &http.Server{
-		Handler: met.instrument((&httpboot.Server{
+		Handler: met.handler((&httpboot.Server{
 			Script: func(mac net.HardwareAddr) (string, bool) {
 				if !allowed(mac) {
 					return "", false
@@ -360,6 +360,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			MachineConfig: func(r httpboot.ConfigRequest) ([]byte, int) {
 				return machineConfig(r, configs, keys, inv, log)
 			},
+			OnRequest: met.countHTTP,
 			Assets:    assets,
 			BootFiles: bootFiles,
 			Log:       log.With("service", "http"),

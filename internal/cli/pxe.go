@@ -126,38 +126,37 @@ every DHCP client on the interface gets an address).`,
 				}
 				cfg.Pool = pool
 			}
+			var err error
 			if gateway != "" {
-				ip, err := netip.ParseAddr(gateway)
-				if err != nil || !ip.Is4() {
-					return fmt.Errorf("--gateway %q: want an IPv4 address", gateway)
+				if cfg.Gateway, err = parseIPv4("--gateway", gateway); err != nil {
+					return err
 				}
-				cfg.Gateway = ip
 			}
 			for _, d := range dns {
-				ip, err := netip.ParseAddr(d)
-				if err != nil || !ip.Is4() {
-					return fmt.Errorf("--dns %q: want an IPv4 address", d)
+				ip, err := parseIPv4("--dns", d)
+				if err != nil {
+					return err
 				}
 				cfg.DNS = append(cfg.DNS, ip)
 			}
 			for _, r := range reserve {
-				macText, ipText, ok := strings.Cut(r, "=")
-				mac, err1 := net.ParseMAC(macText)
-				ip, err2 := netip.ParseAddr(ipText)
-				if !ok || err1 != nil || err2 != nil || !ip.Is4() {
-					return fmt.Errorf("--reserve %q: want MAC=IP, e.g. 52:54:00:12:34:56=10.8.0.21", r)
+				mac, ipText, err := parseMACPair("--reserve", r, "MAC=IP, e.g. 52:54:00:12:34:56=10.8.0.21")
+				if err != nil {
+					return err
+				}
+				ip, err := parseIPv4("--reserve", ipText)
+				if err != nil {
+					return err
 				}
 				if cfg.Reservations == nil {
 					cfg.Reservations = map[string]netip.Addr{}
 				}
-				cfg.Reservations[mac.String()] = ip
+				cfg.Reservations[mac] = ip
 			}
 			if serverIP != "" {
-				ip, err := netip.ParseAddr(serverIP)
-				if err != nil || !ip.Is4() {
-					return fmt.Errorf("--server-ip %q: want an IPv4 address", serverIP)
+				if cfg.ServerIP, err = parseIPv4("--server-ip", serverIP); err != nil {
+					return err
 				}
-				cfg.ServerIP = ip
 			}
 			for _, s := range allowMACs {
 				mac, err := net.ParseMAC(s)
@@ -167,15 +166,14 @@ every DHCP client on the interface gets an address).`,
 				cfg.AllowMACs = append(cfg.AllowMACs, mac)
 			}
 			for _, c := range configs {
-				macText, path, ok := strings.Cut(c, "=")
-				mac, err := net.ParseMAC(macText)
-				if !ok || err != nil || path == "" {
-					return fmt.Errorf("--machine-config %q: want MAC=FILE", c)
+				mac, path, err := parseMACPair("--machine-config", c, "MAC=FILE")
+				if err != nil {
+					return err
 				}
 				if cfg.MachineConfigs == nil {
 					cfg.MachineConfigs = map[string]string{}
 				}
-				cfg.MachineConfigs[mac.String()] = path
+				cfg.MachineConfigs[mac] = path
 			}
 			cfg.Log = g.Logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -208,4 +206,22 @@ every DHCP client on the interface gets an address).`,
 	_ = cmd.MarkFlagFilename("kernel")
 	_ = cmd.MarkFlagFilename("initrd")
 	return cmd
+}
+
+func parseIPv4(flag, s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil || !ip.Is4() {
+		return netip.Addr{}, fmt.Errorf("%s %q: want an IPv4 address", flag, s)
+	}
+	return ip, nil
+}
+
+// parseMACPair splits "MAC=VALUE" and normalises the MAC.
+func parseMACPair(flag, s, want string) (mac, value string, err error) {
+	macText, value, ok := strings.Cut(s, "=")
+	hw, perr := net.ParseMAC(macText)
+	if !ok || perr != nil || len(hw) != 6 || value == "" {
+		return "", "", fmt.Errorf("%s %q: want %s", flag, s, want)
+	}
+	return hw.String(), value, nil
 }

@@ -28,6 +28,8 @@ type Server struct {
 	// OnFetch, if set, hears of every file served in full, for the
 	// machine inventory.
 	OnFetch func(Fetch)
+	// OnRequest, if set, hears of every request when it is answered.
+	OnRequest func(path string, status int, bytes int64)
 	// MachineConfig answers GET /config/{mac}/{token}.yaml: the config
 	// with 200, or 403/404 and no body. Nil: every config is 404. Configs
 	// hold cluster keys: neither they nor their tokens are logged.
@@ -198,6 +200,9 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		next.ServeHTTP(rec, r)
 		s.logger().Info("http", "method", r.Method, "path", redact(r.URL.Path), "client", r.RemoteAddr, "agent", r.UserAgent(),
 			"status", rec.status, "bytes", rec.bytes, "duration", time.Since(start))
+		if s.OnRequest != nil {
+			s.OnRequest(r.URL.Path, rec.status, rec.bytes)
+		}
 	})
 }
 
