@@ -52,6 +52,7 @@ lab-test: ## QEMU lab tests (PXE boot and bootstrap of a VM rack)
 bench: ## Benchmarks, ours and peers side by side in one run (root; installs the peers)
 	hack/install-deps.sh bench
 	$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ | grep -v -e '^=== RUN' -e '^--- PASS'
+	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 
 .PHONY: fmt
 fmt: ## Check formatting (gofmt) and that go.mod/go.sum are tidy

@@ -5,6 +5,7 @@ package httpboot
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -190,6 +191,19 @@ func (r *statusRecorder) WriteHeader(code int) {
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	n, err := r.ResponseWriter.Write(b)
 	r.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps net/http's sendfile path for files: without it, wrapping
+// the ResponseWriter would copy every kernel and initramfs byte through
+// user space.
+func (r *statusRecorder) ReadFrom(src io.Reader) (int64, error) {
+	rf, ok := r.ResponseWriter.(io.ReaderFrom)
+	if !ok {
+		return io.Copy(struct{ io.Writer }{r}, src)
+	}
+	n, err := rf.ReadFrom(src)
+	r.bytes += n
 	return n, err
 }
 
