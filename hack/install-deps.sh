@@ -16,6 +16,7 @@ packages=(
 	busybox-static  # the userland of test initramfs images
 	dnsmasq-base    # a real DHCP server for proxy mode to run beside
 	isc-dhcp-client # dhclient, a real DHCP client for full mode
+	isc-dhcp-relay  # dhcrelay, a real relay agent (giaddr, option 82)
 	cpio            # cross-checks the initramfs writer
 )
 

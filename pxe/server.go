@@ -516,8 +516,13 @@ func dhcpWorker(ctx context.Context, conn *net.UDPConn, responder replier, port 
 			log.Warn("dhcp send", "to", dst, "err", err)
 			continue
 		}
-		log.Info("dhcp reply", "mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
-			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst)
+		attrs := []any{"mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
+			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst}
+		if !req.GatewayIPAddr.IsUnspecified() {
+			attrs = append(attrs, "relay", req.GatewayIPAddr,
+				"option82", reply.GetOneOption(dhcpv4.OptionRelayAgentInformation) != nil)
+		}
+		log.Info("dhcp reply", attrs...)
 	}
 }
 

@@ -91,6 +91,7 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		dns       []string
 		reserve   []string
 		configs   []string
+		subnet    string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -116,8 +117,15 @@ every DHCP client on the interface gets an address).`,
 			if cfg.Mode != "proxy" && cfg.Mode != "full" {
 				return fmt.Errorf("--mode %q: use proxy or full", cfg.Mode)
 			}
-			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0) && cfg.Mode != "full" {
-				return errors.New("--range, --gateway, --dns and --reserve configure full mode: add --mode full")
+			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0 || subnet != "") && cfg.Mode != "full" {
+				return errors.New("--range, --subnet, --gateway, --dns and --reserve configure full mode: add --mode full")
+			}
+			if subnet != "" {
+				p, err := netip.ParsePrefix(subnet)
+				if err != nil || !p.Addr().Is4() {
+					return fmt.Errorf("--subnet %q: want an IPv4 network such as 10.8.1.0/24", subnet)
+				}
+				cfg.Subnet = p.Masked()
 			}
 			if poolRange != "" {
 				pool, err := lease.ParsePool(poolRange)
@@ -187,6 +195,7 @@ every DHCP client on the interface gets an address).`,
 	f.IntVar(&cfg.HTTPPort, "http-port", 8080, "HTTP port for iPXE scripts and boot assets")
 	f.StringVar(&cfg.Mode, "mode", "proxy", "DHCP mode: proxy (no addresses handed out) or full (this is the network's DHCP server)")
 	f.StringVar(&poolRange, "range", "", "full mode: address pool FROM-TO")
+	f.StringVar(&subnet, "subnet", "", "full mode: the pool's network (default: the interface's); another network is served through its DHCP relay only")
 	f.StringVar(&gateway, "gateway", "", "full mode: router to announce")
 	f.StringArrayVar(&dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
 	f.DurationVar(&cfg.LeaseTime, "lease-time", time.Hour, "full mode: lease time")

@@ -29,8 +29,10 @@ type FullConfig struct {
 	// not). Nil gives nobody one.
 	AllowAddress func(mac net.HardwareAddr) bool
 	Leases       Leases
-	// Subnet is the boot network; its mask goes to clients, and requests
-	// for addresses outside it are refused with DHCPNAK.
+	// Subnet is the network the pool belongs to; its mask goes to clients,
+	// and requests for addresses outside it are refused with DHCPNAK. It is
+	// the server's own link, or a network behind a relay agent (then only
+	// requests relayed from it are answered).
 	Subnet    netip.Prefix
 	Routers   []netip.Addr
 	DNS       []netip.Addr
@@ -50,8 +52,8 @@ func NewFull(cfg FullConfig) (*Full, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.Subnet.IsValid() || !cfg.Subnet.Addr().Is4() || !cfg.Subnet.Contains(cfg.Boot.ServerIP) {
-		return nil, fmt.Errorf("subnet %v: need the IPv4 boot network that contains the server's %s", cfg.Subnet, cfg.Boot.ServerIP)
+	if !cfg.Subnet.IsValid() || !cfg.Subnet.Addr().Is4() {
+		return nil, fmt.Errorf("subnet %v: need the IPv4 network the pool belongs to", cfg.Subnet)
 	}
 	if cfg.Leases == nil {
 		return nil, errors.New("full mode needs a lease store")
@@ -64,10 +66,11 @@ func NewFull(cfg FullConfig) (*Full, error) {
 
 // Outcomes only full mode has.
 const (
-	Nacked   Outcome = "nak"
-	Released Outcome = "release"
-	Declined Outcome = "decline"
-	Informed Outcome = "inform"
+	IgnoredOtherNetwork Outcome = "ignored-other-network"
+	Nacked              Outcome = "nak"
+	Released            Outcome = "release"
+	Declined            Outcome = "decline"
+	Informed            Outcome = "inform"
 )
 
 // Reply computes the answer to req received on port. Lease changes are
@@ -81,6 +84,15 @@ func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, err
 	}
 	if req.HWType != 1 || len(req.ClientHWAddr) != 6 {
 		return nil, IgnoredType, nil
+	}
+	// Answer only for the network the pool is on: a relay's giaddr names
+	// the client's network; without a relay it is the server's own link.
+	if relay := addrOf(req.GatewayIPAddr); relay.IsValid() {
+		if !f.cfg.Subnet.Contains(relay) {
+			return nil, IgnoredOtherNetwork, nil
+		}
+	} else if !f.cfg.Subnet.Contains(f.cfg.Boot.ServerIP) {
+		return nil, IgnoredOtherNetwork, nil
 	}
 	mac := req.ClientHWAddr
 	if f.cfg.AllowAddress == nil || !f.cfg.AllowAddress(mac) {

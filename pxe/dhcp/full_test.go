@@ -182,7 +182,7 @@ func TestFullDeclineAndRelease(t *testing.T) {
 }
 
 func TestFullRelay(t *testing.T) {
-	f, _ := newFull(t, "10.8.0.100-10.8.0.110")
+	f := remoteFull(t)
 	relayed := []dhcpv4.Modifier{dhcpv4.WithRelay(relayIP), dhcpv4.WithGeneric(dhcpv4.OptionRelayAgentInformation, circuitID)}
 	offer, _, err := reply(t, f, dhcpv4.MessageTypeDiscover, ordinaryMAC, relayed...)
 	if err != nil || !offer.GatewayIPAddr.Equal(relayIP) || !bytes.Equal(offer.GetOneOption(dhcpv4.OptionRelayAgentInformation), circuitID) {
@@ -219,4 +219,49 @@ func TestDestination(t *testing.T) {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}
+}
+
+// A server whose pool is on its own link does not answer relays from
+// other networks, and one whose pool is behind a relay answers only that
+// relay.
+func TestFullNetworks(t *testing.T) {
+	tests := []struct {
+		name   string
+		full   func(*testing.T) *Full
+		mods   []dhcpv4.Modifier
+		want   Outcome
+		wantYI string
+	}{
+		{"local pool, relay from elsewhere", func(t *testing.T) *Full { f, _ := newFull(t, "10.8.0.100-10.8.0.110"); return f },
+			[]dhcpv4.Modifier{dhcpv4.WithRelay(net.IPv4(192, 168, 7, 1))}, IgnoredOtherNetwork, ""},
+		{"remote pool, its relay", remoteFull, []dhcpv4.Modifier{dhcpv4.WithRelay(relayIP)}, Offered, "10.9.0.100"},
+		{"remote pool, a local client", remoteFull, nil, IgnoredOtherNetwork, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, o, err := reply(t, tc.full(t), dhcpv4.MessageTypeDiscover, ordinaryMAC, tc.mods...)
+			if err != nil || o != tc.want {
+				t.Fatalf("outcome %s %v, want %s", o, err, tc.want)
+			}
+			if tc.wantYI != "" && r.YourIPAddr.String() != tc.wantYI {
+				t.Errorf("yiaddr %v, want %s", r.YourIPAddr, tc.wantYI)
+			}
+		})
+	}
+}
+
+// remoteFull is a server whose pool, 10.9.0.100-110, is on the network of
+// the relay at relayIP (10.9.0.1).
+func remoteFull(t *testing.T) *Full {
+	t.Helper()
+	f, _ := newFull(t, "10.8.0.100-10.8.0.110")
+	p, _ := lease.ParsePool("10.9.0.100-10.9.0.110")
+	store, err := lease.Open(t.TempDir(), p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f.cfg.Subnet = netip.MustParsePrefix("10.9.0.0/24")
+	f.cfg.Leases = store
+	return f
 }
