@@ -21,18 +21,8 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/pin/tftp/v3"
 
-	"cozy.dev/cozy/internal/cli"
 	"cozy.dev/cozy/internal/netnstest"
 )
-
-// The test binary doubles as cozyctl, so the server runs as a real process
-// inside the server namespace: `ip netns exec NS <test binary> pxe serve`.
-func TestMain(m *testing.M) {
-	if os.Getenv("COZY_TEST_RUN_CLI") == "1" {
-		os.Exit(cli.Execute(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
 
 const (
 	serverAddr = "10.77.0.1"

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -26,7 +27,49 @@ type NS struct {
 	Name string
 }
 
-var counter atomic.Int64
+var (
+	counter atomic.Int64
+	sweep   sync.Once
+)
+
+// prefix starts the name of every namespace this package makes; the PID
+// after it tells whose it is.
+const prefix = "cozyt-"
+
+// sweepOrphans deletes namespaces left by test processes that died without
+// cleaning up (SIGKILL, a crash), and kills what still runs inside them.
+func sweepOrphans() {
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) == nil {
+			continue // not ours, or its test is still running
+		}
+		killInside(e.Name())
+		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+	}
+}
+
+func killInside(name string) {
+	out, err := exec.Command("ip", "netns", "pids", name).Output()
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(out)) {
+		// Our own process shows up while a Do thread is still exiting.
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
 
 // New creates a namespace with its loopback up and deletes it (and every
 // interface in it) when the test ends.
@@ -38,21 +81,15 @@ func New(t testing.TB, label string) *NS {
 	if _, err := exec.LookPath("ip"); err != nil {
 		prereq.Missing(t, "the ip command (Debian iproute2) is not installed")
 	}
-	name := fmt.Sprintf("cozyt-%d-%d-%s", os.Getpid(), counter.Add(1), label)
+	sweep.Do(sweepOrphans)
+	name := fmt.Sprintf("%s%d-%d-%s", prefix, os.Getpid(), counter.Add(1), label)
 	if len(name) > 40 {
 		name = name[:40]
 	}
 	run(t, "ip", "netns", "add", name)
 	t.Cleanup(func() {
 		// Kill anything still inside, then remove the namespace.
-		if out, err := exec.Command("ip", "netns", "pids", name).Output(); err == nil {
-			for _, f := range strings.Fields(string(out)) {
-				// Our own process shows up while a Do thread is still exiting.
-				if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-					_ = unix.Kill(pid, unix.SIGKILL)
-				}
-			}
-		}
+		killInside(name)
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			t.Errorf("delete netns %s: %v: %s", name, err, out)
 		}
