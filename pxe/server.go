@@ -177,7 +177,8 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// DefaultStateDir keeps full-mode leases.
+// DefaultStateDir keeps the machine inventory, the config-token key and,
+// in full mode, the leases.
 const DefaultStateDir = "/var/lib/cozy/pxe"
 
 // interfaceIPv4 returns the first IPv4 address of an interface, with its
@@ -203,7 +204,8 @@ func interfaceIPv4(name string) (netip.Prefix, error) {
 }
 
 // Serve runs the netboot server until ctx ends, then shuts it down: HTTP
-// and TFTP transfers in flight get a grace period to finish.
+// downloads in flight get 10 s to finish, TFTP transfers are cut (PXE ROMs
+// retry), and the inventory is flushed.
 func Serve(ctx context.Context, cfg Config) error {
 	if err := cfg.setDefaults(); err != nil {
 		return err
