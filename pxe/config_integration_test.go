@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/insomniacslk/dhcp/iana"
 )
 
 func TestMachineConfigOnlyForItsMachine(t *testing.T) {
@@ -100,4 +102,53 @@ func TestMachineConfigMustBePrivate(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "chmod 600") {
 		t.Fatalf("a world-readable machine config was served: %v\n%s", err, out)
 	}
+}
+
+// Talos fetched its config, installed, rebooted: with
+// --local-disk-after-install the next boot leaves the network for the disk.
+func TestLocalDiskAfterInstall(t *testing.T) {
+	r := newRig(t)
+	cfgFile := filepath.Join(r.dir, "cp-1.yaml")
+	if err := os.WriteFile(cfgFile, []byte("machine: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.start(t, "--machine-config", clientMAC.String()+"="+cfgFile, "--local-disk-after-install")
+	r.cli.IP(t, "link", "set", "eth0", "address", clientMAC.String())
+
+	// First boot: the firmware asks DHCP, iPXE fetches the script, Talos
+	// fetches its config.
+	if _, err := r.discover(t, clientMAC, pxeDiscover(iana.EFI_X86_64, false)...); err != nil {
+		t.Fatal(err)
+	}
+	r.cli.IP(t, "addr", "add", clientAddr+"/24", "dev", "eth0")
+	r.httpFrom = r.cli
+	script := r.body(t, "/ipxe/52-54-00-c0-21-01.ipxe")
+	m := regexp.MustCompile(`talos\.config=http://10\.77\.0\.1:8080(/\S+)`).FindStringSubmatch(script)
+	if m == nil {
+		t.Fatalf("first boot script:\n%s", script)
+	}
+	r.body(t, m[1])
+
+	// The reboot after install.
+	if _, err := r.discover(t, clientMAC, pxeDiscover(iana.EFI_X86_64, false)...); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.body(t, "/ipxe/52-54-00-c0-21-01.ipxe"); !strings.Contains(got, "\nexit\n") || strings.Contains(got, "kernel") {
+		t.Errorf("installed machine's script does not boot the disk:\n%s", got)
+	}
+}
+
+// body GETs a path and requires 200.
+func (r *rig) body(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := r.get(path, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	return string(b)
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// that machine only (talos.config= with a per-machine token). Those
 	// machines are allowed to boot; the files must be mode 0600.
 	MachineConfigs map[string]string
+	// LocalDiskAfterInstall makes an installed machine (see
+	// inventory.Machine.Installed) boot its disk: its iPXE script exits to
+	// the firmware instead of loading the kernel again.
+	LocalDiskAfterInstall bool
 
 	// BIOSBootFile and UEFIBootFile are iPXE binaries (Debian's by default);
 	// ARM64BootFile is optional.
@@ -351,6 +355,10 @@ func Serve(ctx context.Context, cfg Config) error {
 			Script: func(mac net.HardwareAddr) (string, bool) {
 				if !allowed(mac) {
 					return "", false
+				}
+				if m, ok := inv.Get(mac.String()); ok && m.Installed && cfg.LocalDiskAfterInstall {
+					log.Info("installed machine boots its disk", "mac", mac.String())
+					return ipxe.LocalDisk, true
 				}
 				script, err := scriptFor(mac)
 				if err != nil {

@@ -58,7 +58,7 @@ Phases, in boot order: dhcp, ipxe-binary, ipxe-script, kernel, initrd, config.`,
 type machineTable []inventory.Machine
 
 func (m machineTable) Header() []string {
-	return []string{"MAC", "UUID", "ARCH", "FIRMWARE", "IP", "VENDOR CLASS", "PHASE", "ALLOWED", "FIRST SEEN", "LAST SEEN"}
+	return []string{"MAC", "UUID", "ARCH", "FIRMWARE", "IP", "VENDOR CLASS", "PHASE", "ALLOWED", "INSTALLED", "FIRST SEEN", "LAST SEEN"}
 }
 
 func (m machineTable) Rows() [][]string {
@@ -69,7 +69,7 @@ func (m machineTable) Rows() [][]string {
 			ip = x.IP.String()
 		}
 		rows = append(rows, []string{x.MAC, dash(x.UUID), dash(x.Arch), dash(x.Firmware), dash(ip), dash(x.VendorClass),
-			string(x.Phase), fmt.Sprint(x.Allowed), x.FirstSeen.Format(time.RFC3339), x.LastSeen.Format(time.RFC3339)})
+			string(x.Phase), fmt.Sprint(x.Allowed), fmt.Sprint(x.Installed), x.FirstSeen.Format(time.RFC3339), x.LastSeen.Format(time.RFC3339)})
 	}
 	return rows
 }
@@ -208,6 +208,8 @@ every DHCP client on the interface gets an address).`,
 	f.StringArrayVar(&allowMACs, "allow-mac", nil, "MAC address of a machine to boot (repeatable)")
 	f.BoolVar(&cfg.Talos, "talos", false, "the kernel is Talos Linux: add talos.platform=metal and Talos's default kernel arguments")
 	f.StringArrayVar(&configs, "machine-config", nil, "MAC=FILE: Talos machine config served only to that machine via talos.config= (file mode 0600; implies --talos)")
+	f.BoolVar(&cfg.LocalDiskAfterInstall, "local-disk-after-install", false,
+		"once a machine has fetched its config and booted again, boot it from its disk (iPXE exit) instead of the network")
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
 	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients (snponly.efi uses the firmware's NIC driver)")
 	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients (none by default)")

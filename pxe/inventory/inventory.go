@@ -41,7 +41,10 @@ type Machine struct {
 	Phase       Phase      `json:"phase"`
 	// Allowed is whether the server boots it (rack file, --allow-mac or
 	// --allow-unknown); machines it ignores are listed too.
-	Allowed   bool      `json:"allowed"`
+	Allowed bool `json:"allowed"`
+	// Installed: a boot of this machine fetched its config (so the OS
+	// installed itself) and the machine has booted again since.
+	Installed bool      `json:"installed"`
 	FirstSeen time.Time `json:"firstSeen"`
 	LastSeen  time.Time `json:"lastSeen"`
 }
@@ -151,6 +154,9 @@ func (inv *Inventory) SawDHCP(s DHCPSighting) {
 			m.Phase = PhaseDHCP
 		}
 	default:
+		if m.Phase == PhaseConfig {
+			m.Installed = true
+		}
 		m.Phase = PhaseDHCP
 	}
 }

@@ -73,6 +73,19 @@ func TestPhases(t *testing.T) {
 	}
 }
 
+func TestInstalled(t *testing.T) {
+	inv, _ := Open(t.TempDir(), nil)
+	inv.SawDHCP(*firmwareDHCP(false).dhcp)
+	inv.Advance(macA, ipA, PhaseConfig)
+	if m, _ := inv.Get(macA); m.Installed {
+		t.Fatal("installed before it rebooted")
+	}
+	inv.SawDHCP(*firmwareDHCP(false).dhcp) // Talos installed and rebooted
+	if m, _ := inv.Get(macA); !m.Installed || m.Phase != PhaseDHCP {
+		t.Fatalf("after the reboot: %+v", m)
+	}
+}
+
 func TestAdvanceUnknownIP(t *testing.T) {
 	inv, _ := Open(t.TempDir(), nil)
 	if inv.Advance("", netip.MustParseAddr("10.8.0.99"), PhaseKernel) {
