@@ -167,14 +167,11 @@ func (f *Full) request(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, Outcome, error) {
 }
 
 func (f *Full) nak(req *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, Outcome, error) {
-	reply, err := dhcpv4.NewReplyFromRequest(req,
+	reply := newReply(req,
 		dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(f.cfg.Boot.ServerIP.AsSlice()))),
 		dhcpv4.WithOption(dhcpv4.OptMessage(why)),
 	)
-	if err != nil {
-		return nil, Rejected, err
-	}
 	if !req.GatewayIPAddr.IsUnspecified() && req.GatewayIPAddr != nil {
 		reply.SetBroadcast() // RFC 2131 4.3.2: the relay must broadcast a NAK
 	}
@@ -214,10 +211,7 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, 
 		}
 		mods, file = append(mods, boot...), name
 	}
-	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
-	if err != nil {
-		return nil, Rejected, fmt.Errorf("build reply: %w", err)
-	}
+	reply := newReply(req, mods...)
 	if file != "" {
 		reply.ServerHostName = f.cfg.Boot.ServerIP.String()
 		reply.BootFileName = file

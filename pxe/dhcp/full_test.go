@@ -265,3 +265,16 @@ func remoteFull(t *testing.T) *Full {
 	f.cfg.Leases = store
 	return f
 }
+
+// RFC 6842: a reply carries the client identifier the request had.
+func TestReplyEchoesClientIdentifier(t *testing.T) {
+	f, _ := newFull(t, "10.8.0.100-10.8.0.110")
+	id := []byte{1, 0x52, 0x54, 0, 0, 0, 1}
+	offer, _, err := reply(t, f, dhcpv4.MessageTypeDiscover, ordinaryMAC, dhcpv4.WithOption(dhcpv4.OptClientIdentifier(id)))
+	if err != nil || !bytes.Equal(offer.GetOneOption(dhcpv4.OptionClientIdentifier), id) {
+		t.Fatalf("offer %v (%v) does not echo option 61", offer, err)
+	}
+	if offer.OpCode != dhcpv4.OpcodeBootReply || offer.HWType != 1 || !offer.GatewayIPAddr.IsUnspecified() {
+		t.Errorf("reply header: %s", offer.Summary())
+	}
+}

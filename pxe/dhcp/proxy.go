@@ -118,12 +118,7 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		dhcpv4.WithYourIP(net.IPv4zero),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(p.serverIP())),
 	)
-	// NewReplyFromRequest keeps giaddr and echoes option 82 unchanged, as
-	// RFC 3046 2.2 requires of replies through a relay agent.
-	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
-	if err != nil {
-		return nil, Rejected, fmt.Errorf("build reply: %w", err)
-	}
+	reply := newReply(req, mods...)
 	reply.ServerHostName = p.cfg.ServerIP.String()
 	reply.BootFileName = file
 	return reply, outcomeOf(replyType), nil
