@@ -214,102 +214,93 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := cfg.setDefaults(); err != nil {
 		return err
 	}
-	log := cfg.Log
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir: %w", err)
-	}
-	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort)))
-
-	assets := map[string]string{"kernel": cfg.Kernel}
-	boot := ipxe.Boot{KernelURL: base + "/assets/kernel", Cmdline: cfg.Cmdline}
-	for i, p := range cfg.Initrds {
-		name := fmt.Sprintf("initrd%d", i)
-		assets[name] = p
-		boot.InitrdURLs = append(boot.InitrdURLs, base+"/assets/"+name)
-	}
-	if cfg.Talos {
-		boot.Cmdline = talosCmdline(cfg.Cmdline)
-	}
-	if _, err := ipxe.Script(boot); err != nil {
-		return err
-	}
-	keys, err := token.Load(cfg.StateDir)
+	s, err := newServer(cfg)
 	if err != nil {
 		return err
 	}
-	configs := map[string]string{}
+	defer s.close()
+	return s.run(ctx)
+}
+
+// server is one run of the netboot server: what it serves and the state it
+// keeps, wired to the dhcp, tftp and httpboot packages by its methods.
+type server struct {
+	cfg  Config
+	log  *slog.Logger
+	base string // http://IP:PORT
+
+	boot      ipxe.Boot         // what every machine boots
+	assets    map[string]string // /assets/ name -> file
+	bootFiles map[string]string // iPXE binaries by TFTP (and /boot/) name
+	configs   map[string]string // MAC -> machine config file
+	keys      *token.Keyring
+
+	responder replier
+	leases    *lease.Store // full mode only
+	inv       *inventory.Inventory
+	met       *metrics
+}
+
+func newServer(cfg Config) (*server, error) {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	s := &server{
+		cfg:     cfg,
+		log:     cfg.Log,
+		base:    fmt.Sprintf("http://%s", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort))),
+		assets:  map[string]string{"kernel": cfg.Kernel},
+		configs: map[string]string{},
+	}
+	s.boot = ipxe.Boot{KernelURL: s.base + "/assets/kernel", Cmdline: cfg.Cmdline}
+	for i, p := range cfg.Initrds {
+		name := fmt.Sprintf("initrd%d", i)
+		s.assets[name] = p
+		s.boot.InitrdURLs = append(s.boot.InitrdURLs, s.base+"/assets/"+name)
+	}
+	if cfg.Talos {
+		s.boot.Cmdline = talosCmdline(cfg.Cmdline)
+	}
+	if _, err := ipxe.Script(s.boot); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.keys, err = token.Load(cfg.StateDir); err != nil {
+		return nil, err
+	}
 	for mac, path := range cfg.MachineConfigs {
 		hw, _ := net.ParseMAC(mac)
-		configs[hw.String()] = path
+		s.configs[hw.String()] = path
 	}
-	// scriptFor is the iPXE script of one machine: the same boot for all,
-	// plus, for machines with a config, the URL only they can fetch it from.
-	scriptFor := func(mac net.HardwareAddr) (string, error) {
-		b := boot
-		if _, ok := configs[mac.String()]; ok {
-			b.Cmdline += fmt.Sprintf(" talos.config=%s/config/%s/%s.yaml", base, strings.ReplaceAll(mac.String(), ":", "-"), keys.For(mac))
-		}
-		return ipxe.Script(b)
-	}
-	bootFiles := map[string]string{
+
+	s.bootFiles = map[string]string{
 		filepath.Base(cfg.BIOSBootFile): cfg.BIOSBootFile,
 		filepath.Base(cfg.UEFIBootFile): cfg.UEFIBootFile,
 	}
 	files := dhcp.BootFiles{BIOS: filepath.Base(cfg.BIOSBootFile), UEFIAMD64: filepath.Base(cfg.UEFIBootFile)}
 	if cfg.ARM64BootFile != "" {
 		// Its Debian-style name (ipxe.efi) would clash with the x86 one.
-		bootFiles["ipxe-arm64.efi"] = cfg.ARM64BootFile
+		s.bootFiles["ipxe-arm64.efi"] = cfg.ARM64BootFile
 		files.UEFIARM64 = "ipxe-arm64.efi"
 	}
-	allowed := func(mac net.HardwareAddr) bool {
-		if cfg.AllowUnknown {
-			return true
-		}
-		for _, m := range cfg.AllowMACs {
-			if bytes.Equal(m, mac) {
-				return true
-			}
-		}
-		return false
-	}
-	inv, err := inventory.Open(cfg.StateDir, nil)
-	if err != nil {
-		return err
-	}
-	// advance records a phase for the machine at ip; in proxy mode the
-	// server may not know that IP yet, but the kernel's neighbour table does.
-	advance := func(mac string, ip netip.Addr, phase inventory.Phase) {
-		if !inv.Advance(mac, ip, phase) {
-			if mac := neighbourMAC(ip); mac != "" {
-				inv.Advance(mac, ip, phase)
-			}
-		}
-	}
-	phaseOf := func(asset string) inventory.Phase {
-		if asset == "kernel" {
-			return inventory.PhaseKernel
-		}
-		return inventory.PhaseInitrd
-	}
 
+	if s.inv, err = inventory.Open(cfg.StateDir, nil); err != nil {
+		return nil, err
+	}
 	bootCfg := dhcp.Config{
 		ServerIP: cfg.ServerIP,
 		HTTPPort: cfg.HTTPPort,
 		Files:    files,
-		Allow:    func(c dhcp.Client) bool { return allowed(c.MAC) },
+		Allow:    func(c dhcp.Client) bool { return s.allowed(c.MAC) },
 	}
-	var responder replier
-	var store *lease.Store
 	if cfg.Mode == "full" {
-		store, err = lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil)
-		if err != nil {
-			return err
+		if s.leases, err = lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil); err != nil {
+			return nil, err
 		}
-		defer store.Close()
 		full := dhcp.FullConfig{
 			Boot:         bootCfg,
-			AllowAddress: allowed,
-			Leases:       store,
+			AllowAddress: s.allowed,
+			Leases:       s.leases,
 			Subnet:       cfg.Subnet,
 			DNS:          cfg.DNS,
 			LeaseTime:    cfg.LeaseTime,
@@ -317,15 +308,123 @@ func Serve(ctx context.Context, cfg Config) error {
 		if cfg.Gateway.IsValid() {
 			full.Routers = []netip.Addr{cfg.Gateway}
 		}
-		if responder, err = dhcp.NewFull(full); err != nil {
-			return err
+		if s.responder, err = dhcp.NewFull(full); err != nil {
+			s.close()
+			return nil, err
 		}
-	} else {
-		if responder, err = dhcp.NewProxy(bootCfg); err != nil {
-			return err
+	} else if s.responder, err = dhcp.NewProxy(bootCfg); err != nil {
+		return nil, err
+	}
+	s.met = newMetrics(s.inv, s.leases)
+	return s, nil
+}
+
+func (s *server) close() {
+	if s.leases != nil {
+		s.leases.Close()
+	}
+}
+
+// allowed reports whether the server boots (and in full mode leases to)
+// the machine with mac.
+func (s *server) allowed(mac net.HardwareAddr) bool {
+	if s.cfg.AllowUnknown {
+		return true
+	}
+	for _, m := range s.cfg.AllowMACs {
+		if bytes.Equal(m, mac) {
+			return true
 		}
 	}
+	return false
+}
 
+// script is the iPXE script of one machine: the same boot for all, plus,
+// for machines with a config, the URL only they can fetch it from; or the
+// local disk once installed, if so configured.
+func (s *server) script(mac net.HardwareAddr) (string, bool) {
+	if !s.allowed(mac) {
+		return "", false
+	}
+	if m, ok := s.inv.Get(mac.String()); ok && m.Installed && s.cfg.LocalDiskAfterInstall {
+		s.log.Info("installed machine boots its disk", "mac", mac.String())
+		return ipxe.LocalDisk, true
+	}
+	b := s.boot
+	if _, ok := s.configs[mac.String()]; ok {
+		b.Cmdline += fmt.Sprintf(" talos.config=%s/config/%s/%s.yaml", s.base, strings.ReplaceAll(mac.String(), ":", "-"), s.keys.For(mac))
+	}
+	script, err := ipxe.Script(b)
+	if err != nil {
+		s.log.Error("ipxe script", "mac", mac.String(), "err", err)
+		return "", false
+	}
+	return script, true
+}
+
+// advance records a phase for the machine at ip; in proxy mode the server
+// may not know that IP yet, but the kernel's neighbour table does.
+func (s *server) advance(mac string, ip netip.Addr, phase inventory.Phase) {
+	if !s.inv.Advance(mac, ip, phase) {
+		if mac := neighbourMAC(ip); mac != "" {
+			s.inv.Advance(mac, ip, phase)
+		}
+	}
+}
+
+// fetched turns HTTP downloads into boot phases.
+func (s *server) fetched(f httpboot.Fetch) {
+	switch f.Kind {
+	case "script":
+		s.advance(f.MAC.String(), f.Remote, inventory.PhaseIPXEScript)
+	case "asset":
+		phase := inventory.PhaseInitrd
+		if f.Name == "kernel" {
+			phase = inventory.PhaseKernel
+		}
+		s.advance("", f.Remote, phase)
+	case "boot":
+		s.advance("", f.Remote, inventory.PhaseIPXEBinary)
+	case "config":
+		s.advance(f.MAC.String(), f.Remote, inventory.PhaseConfig)
+	}
+}
+
+// sighted counts a DHCP request and records netboot clients in the inventory.
+func (s *server) sighted(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome) {
+	s.met.dhcp.WithLabelValues(strconv.Itoa(port), req.MessageType().String(), string(outcome)).Inc()
+	client, err := dhcp.Classify(req)
+	if err != nil {
+		return // not a netboot client: its lease, if any, is in the lease journal
+	}
+	var ip netip.Addr
+	switch {
+	case reply != nil && !reply.YourIPAddr.IsUnspecified():
+		ip, _ = netip.AddrFromSlice(reply.YourIPAddr.To4())
+	case !req.ClientIPAddr.IsUnspecified():
+		ip, _ = netip.AddrFromSlice(req.ClientIPAddr.To4())
+	case port == dhcp.PortPXE:
+		ip = peer.AddrPort().Addr().Unmap()
+	}
+	s.inv.SawDHCP(inventory.DHCPSighting{
+		MAC: req.ClientHWAddr.String(), UUID: client.UUID, Arch: string(client.CPU), Firmware: string(client.Firmware),
+		VendorClass: client.VendorClass, IP: ip, Allowed: s.allowed(req.ClientHWAddr),
+		Answered: reply != nil && reply.BootFileName != "", IPXE: client.IPXE,
+	})
+}
+
+// tftpSent counts a finished TFTP transfer and advances its machine.
+func (s *server) tftpSent(name string, ip netip.Addr) {
+	s.met.tftpTransfer.WithLabelValues("sent").Inc()
+	if fi, err := os.Stat(s.bootFiles[name]); err == nil {
+		s.met.tftpBytes.Add(float64(fi.Size()))
+	}
+	s.advance("", ip, inventory.PhaseIPXEBinary)
+}
+
+// run opens every socket, then serves until ctx ends.
+func (s *server) run(ctx context.Context) error {
+	cfg, log := s.cfg, s.log
 	// Open every socket before serving any, so a port in use fails fast.
 	dhcpConn, err := server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortDHCP})
 	if err != nil {
@@ -349,48 +448,22 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen for HTTP on %s:%d: %w", cfg.ServerIP, cfg.HTTPPort, err)
 	}
-	met := newMetrics(inv, store)
 	httpSrv := &http.Server{
-		Handler: met.handler((&httpboot.Server{
-			Script: func(mac net.HardwareAddr) (string, bool) {
-				if !allowed(mac) {
-					return "", false
-				}
-				if m, ok := inv.Get(mac.String()); ok && m.Installed && cfg.LocalDiskAfterInstall {
-					log.Info("installed machine boots its disk", "mac", mac.String())
-					return ipxe.LocalDisk, true
-				}
-				script, err := scriptFor(mac)
-				if err != nil {
-					log.Error("ipxe script", "mac", mac.String(), "err", err)
-					return "", false
-				}
-				return script, true
-			},
+		Handler: s.met.handler((&httpboot.Server{
+			Script: s.script,
 			MachineConfig: func(r httpboot.ConfigRequest) ([]byte, int) {
-				return machineConfig(r, configs, keys, inv, log)
+				return machineConfig(r, s.configs, s.keys, s.inv, log)
 			},
-			OnRequest: met.countHTTP,
-			Assets:    assets,
-			BootFiles: bootFiles,
+			OnRequest: s.met.countHTTP,
+			OnFetch:   s.fetched,
+			Assets:    s.assets,
+			BootFiles: s.bootFiles,
 			Log:       log.With("service", "http"),
-			OnFetch: func(f httpboot.Fetch) {
-				switch f.Kind {
-				case "script":
-					advance(f.MAC.String(), f.Remote, inventory.PhaseIPXEScript)
-				case "asset":
-					advance("", f.Remote, phaseOf(f.Name))
-				case "boot":
-					advance("", f.Remote, inventory.PhaseIPXEBinary)
-				case "config":
-					advance(f.MAC.String(), f.Remote, inventory.PhaseConfig)
-				}
-			},
 		}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 
-	log.Info("netboot server up", "interface", cfg.Interface, "ip", cfg.ServerIP, "http", base,
+	log.Info("netboot server up", "interface", cfg.Interface, "ip", cfg.ServerIP, "http", s.base,
 		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs))
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -406,42 +479,14 @@ func Serve(ctx context.Context, cfg Config) error {
 		})
 	}
 	dhcpLog := log.With("service", "dhcp")
-	sighted := func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome) {
-		met.dhcp.WithLabelValues(strconv.Itoa(port), req.MessageType().String(), string(outcome)).Inc()
-		client, err := dhcp.Classify(req)
-		var ip netip.Addr
-		switch {
-		case reply != nil && !reply.YourIPAddr.IsUnspecified():
-			ip, _ = netip.AddrFromSlice(reply.YourIPAddr.To4())
-		case !req.ClientIPAddr.IsUnspecified():
-			ip, _ = netip.AddrFromSlice(req.ClientIPAddr.To4())
-		case port == dhcp.PortPXE:
-			ip = peer.AddrPort().Addr().Unmap()
-		}
-		if err != nil {
-			return // not a netboot client: its lease, if any, is in the lease journal
-		}
-		inv.SawDHCP(inventory.DHCPSighting{
-			MAC: req.ClientHWAddr.String(), UUID: client.UUID, Arch: string(client.CPU), Firmware: string(client.Firmware),
-			VendorClass: client.VendorClass, IP: ip, Allowed: allowed(req.ClientHWAddr),
-			Answered: reply != nil && reply.BootFileName != "", IPXE: client.IPXE,
-		})
-	}
-	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, responder, dhcp.PortDHCP, dhcpLog, sighted) })
-	run("pxe", func() error { return serveDHCP(ctx, pxeConn, responder, dhcp.PortPXE, dhcpLog, sighted) })
+	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, s.responder, dhcp.PortDHCP, dhcpLog, s.sighted) })
+	run("pxe", func() error { return serveDHCP(ctx, pxeConn, s.responder, dhcp.PortPXE, dhcpLog, s.sighted) })
 	run("tftp", func() error {
-		return (&tftp.Server{Files: bootFiles, Log: log.With("service", "tftp"),
-			OnSent: func(name string, ip netip.Addr) {
-				met.tftpTransfer.WithLabelValues("sent").Inc()
-				if fi, err := os.Stat(bootFiles[name]); err == nil {
-					met.tftpBytes.Add(float64(fi.Size()))
-				}
-				advance("", ip, inventory.PhaseIPXEBinary)
-			},
-			OnFailed: func() { met.tftpTransfer.WithLabelValues("failed").Inc() },
+		return (&tftp.Server{Files: s.bootFiles, Log: log.With("service", "tftp"), OnSent: s.tftpSent,
+			OnFailed: func() { s.met.tftpTransfer.WithLabelValues("failed").Inc() },
 		}).Serve(ctx, tftpConn)
 	})
-	run("inventory", func() error { return inv.Run(ctx, time.Second) })
+	run("inventory", func() error { return s.inv.Run(ctx, time.Second) })
 	run("http", func() error {
 		if err := httpSrv.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -458,15 +503,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	pxeConn.Close()
 	wg.Wait()
 	close(errs)
-	return errors.Join(collect(errs)...)
-}
-
-func collect(errs <-chan error) []error {
-	var out []error
+	var all []error
 	for err := range errs {
-		out = append(out, err)
+		all = append(all, err)
 	}
-	return out
+	return errors.Join(all...)
 }
 
 // replier is the DHCP decision: dhcp.Proxy or dhcp.Full.
