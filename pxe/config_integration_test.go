@@ -43,16 +43,7 @@ func TestMachineConfigOnlyForItsMachine(t *testing.T) {
 	}
 	configPath := m[1]
 
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := r.get(path, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return r.fetch(t, path) }
 	if code, body := get(configPath); code != 200 || body != secret {
 		t.Fatalf("its own machine: %d %q", code, body)
 	}
@@ -138,8 +129,8 @@ func TestLocalDiskAfterInstall(t *testing.T) {
 	}
 }
 
-// body GETs a path and requires 200.
-func (r *rig) body(t *testing.T, path string) string {
+// fetch GETs a path and returns the status and body.
+func (r *rig) fetch(t *testing.T, path string) (int, string) {
 	t.Helper()
 	resp, err := r.get(path, "")
 	if err != nil {
@@ -147,8 +138,15 @@ func (r *rig) body(t *testing.T, path string) string {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	return resp.StatusCode, string(b)
+}
+
+// body GETs a path and requires 200.
+func (r *rig) body(t *testing.T, path string) string {
+	t.Helper()
+	code, b := r.fetch(t, path)
+	if code != 200 {
+		t.Fatalf("GET %s: %d %s", path, code, b)
 	}
-	return string(b)
+	return b
 }
