@@ -351,3 +351,49 @@ func TestServeRefusesToAnswerEveryone(t *testing.T) {
 		t.Fatalf("want a refusal naming --allow-unknown, got %v: %s", err, out)
 	}
 }
+
+// SIGTERM lets a download in flight finish (within the grace period) and
+// the server exit 0.
+func TestServeShutdownFinishesDownloads(t *testing.T) {
+	r := newRig(t)
+	big := filepath.Join(r.dir, "big-initrd")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(32 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p := r.start(t, "--allow-unknown", "--initrd", big)
+
+	resp, err := r.get("/assets/initrd1", "")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("start download: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 1<<20)
+	n, _ := io.ReadFull(resp.Body, buf)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	total := int64(n)
+	for { // a slow client: the rest in 1 MiB reads with pauses
+		time.Sleep(20 * time.Millisecond)
+		n, err := io.ReadFull(resp.Body, buf)
+		total += int64(n)
+		if err != nil {
+			break
+		}
+	}
+	if total != 32<<20 {
+		t.Errorf("download cut at %d of %d bytes by shutdown", total, 32<<20)
+	}
+	select {
+	case err := <-p.exited:
+		p.done = true
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v\n%s", err, p.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("server still running 20 s after SIGTERM\n%s", p.stderr)
+	}
+}
