@@ -100,10 +100,15 @@ func (m *metrics) handler(next http.Handler) http.Handler {
 // countHTTP records one answered request of the boot HTTP server.
 func (m *metrics) countHTTP(path string, status int, bytes int64) {
 	kind := "other"
-	for prefix, k := range map[string]string{"/ipxe/": "script", "/assets/": "asset", "/boot/": "boot", "/config/": "config"} {
-		if strings.HasPrefix(path, prefix) {
-			kind = k
-		}
+	switch {
+	case strings.HasPrefix(path, "/ipxe/"):
+		kind = "script"
+	case strings.HasPrefix(path, "/assets/"):
+		kind = "asset"
+	case strings.HasPrefix(path, "/boot/"):
+		kind = "boot"
+	case strings.HasPrefix(path, "/config/"):
+		kind = "config"
 	}
 	m.httpRequests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
 	m.httpBytes.WithLabelValues(kind).Add(float64(bytes))

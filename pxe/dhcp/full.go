@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
 
 	"cozy.dev/cozy/pxe/lease"
 )
@@ -82,7 +83,7 @@ func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, err
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
 		return nil, IgnoredType, nil
 	}
-	if req.HWType != 1 || len(req.ClientHWAddr) != 6 {
+	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
 		return nil, IgnoredType, nil
 	}
 	// Answer only for the network the pool is on: a relay's giaddr names
@@ -130,7 +131,7 @@ func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, err
 // ours reports whether a message that names a server names this one.
 func (f *Full) ours(req *dhcpv4.DHCPv4) bool {
 	sid := req.ServerIdentifier()
-	return sid == nil || sid.Equal(net.IP(f.cfg.Boot.ServerIP.AsSlice()))
+	return sid == nil || sid.Equal(f.proxy.serverIP())
 }
 
 // request handles the three kinds of DHCPREQUEST (RFC 2131 4.3.2).
@@ -169,10 +170,10 @@ func (f *Full) request(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, Outcome, error) {
 func (f *Full) nak(req *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, Outcome, error) {
 	reply := newReply(req,
 		dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
-		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(net.IP(f.cfg.Boot.ServerIP.AsSlice()))),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.proxy.serverIP())),
 		dhcpv4.WithOption(dhcpv4.OptMessage(why)),
 	)
-	if !req.GatewayIPAddr.IsUnspecified() && req.GatewayIPAddr != nil {
+	if addrOf(req.GatewayIPAddr).IsValid() {
 		reply.SetBroadcast() // RFC 2131 4.3.2: the relay must broadcast a NAK
 	}
 	return reply, Nacked, nil
@@ -181,10 +182,9 @@ func (f *Full) nak(req *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, Outcome, err
 // answer builds an OFFER or ACK for ip (zero for INFORM) with the network
 // options and, for allowed netboot clients, the boot information.
 func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (*dhcpv4.DHCPv4, Outcome, error) {
-	server := net.IP(f.cfg.Boot.ServerIP.AsSlice())
 	mods := []dhcpv4.Modifier{
 		dhcpv4.WithMessageType(mt),
-		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(server)),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.proxy.serverIP())),
 		dhcpv4.WithNetmask(net.CIDRMask(f.cfg.Subnet.Bits(), 32)),
 	}
 	if len(f.cfg.Routers) > 0 {
@@ -203,20 +203,14 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, 
 	} else {
 		mods = append(mods, dhcpv4.WithClientIP(req.ClientIPAddr))
 	}
-	var file string
 	if client, err := Classify(req); err == nil && f.cfg.Boot.Allow != nil && f.cfg.Boot.Allow(client) {
-		boot, name, err := f.proxy.bootMods(req, client)
+		boot, err := f.proxy.bootMods(req, client)
 		if err != nil {
 			return nil, Rejected, err
 		}
-		mods, file = append(mods, boot...), name
+		mods = append(mods, boot...)
 	}
-	reply := newReply(req, mods...)
-	if file != "" {
-		reply.ServerHostName = f.cfg.Boot.ServerIP.String()
-		reply.BootFileName = file
-	}
-	return reply, outcome, nil
+	return newReply(req, mods...), outcome, nil
 }
 
 func addrOf(ip net.IP) netip.Addr {
@@ -240,11 +234,11 @@ func ips(addrs []netip.Addr) []net.IP {
 // address if it has one and this is no NAK; else broadcast on the link.
 func Destination(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr) *net.UDPAddr {
 	switch {
-	case req.GatewayIPAddr != nil && !req.GatewayIPAddr.IsUnspecified():
+	case addrOf(req.GatewayIPAddr).IsValid():
 		return &net.UDPAddr{IP: req.GatewayIPAddr, Port: dhcpv4.ServerPort}
 	case port == PortPXE:
 		return peer
-	case reply.MessageType() != dhcpv4.MessageTypeNak && req.ClientIPAddr != nil && !req.ClientIPAddr.IsUnspecified():
+	case reply.MessageType() != dhcpv4.MessageTypeNak && addrOf(req.ClientIPAddr).IsValid():
 		return &net.UDPAddr{IP: req.ClientIPAddr, Port: dhcpv4.ClientPort}
 	default:
 		return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}

@@ -109,7 +109,7 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		return nil, IgnoredOtherHost, nil
 	}
 
-	mods, file, err := p.bootMods(req, client)
+	mods, err := p.bootMods(req, client)
 	if err != nil {
 		return nil, Rejected, err
 	}
@@ -118,18 +118,15 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 		dhcpv4.WithYourIP(net.IPv4zero),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(p.serverIP())),
 	)
-	reply := newReply(req, mods...)
-	reply.ServerHostName = p.cfg.ServerIP.String()
-	reply.BootFileName = file
-	return reply, outcomeOf(replyType), nil
+	return newReply(req, mods...), outcomeOf(replyType), nil
 }
 
-// bootMods returns the options that point client at its next boot stage,
-// and the boot file name for the reply's file field.
-func (p *Proxy) bootMods(req *dhcpv4.DHCPv4, client Client) ([]dhcpv4.Modifier, string, error) {
+// bootMods returns what points client at its next boot stage: next
+// server, boot file and the options PXE clients need to accept it.
+func (p *Proxy) bootMods(req *dhcpv4.DHCPv4, client Client) ([]dhcpv4.Modifier, error) {
 	file, err := p.bootFile(client)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	vendorClass := "PXEClient"
 	if client.HTTPBoot {
@@ -139,6 +136,10 @@ func (p *Proxy) bootMods(req *dhcpv4.DHCPv4, client Client) ([]dhcpv4.Modifier, 
 	mods := []dhcpv4.Modifier{
 		dhcpv4.WithServerIP(p.serverIP()),
 		dhcpv4.WithOption(dhcpv4.OptClassIdentifier(vendorClass)),
+		func(d *dhcpv4.DHCPv4) {
+			d.ServerHostName = p.cfg.ServerIP.String()
+			d.BootFileName = file
+		},
 	}
 	if guid := req.GetOneOption(dhcpv4.OptionClientMachineIdentifier); guid != nil {
 		// PXE clients drop offers that do not echo their GUID.
@@ -149,7 +150,7 @@ func (p *Proxy) bootMods(req *dhcpv4.DHCPv4, client Client) ([]dhcpv4.Modifier, 
 		// discovery and load the file named in this offer.
 		mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{6, 1, 8, 255}))
 	}
-	return mods, file, nil
+	return mods, nil
 }
 
 func outcomeOf(t dhcpv4.MessageType) Outcome {
