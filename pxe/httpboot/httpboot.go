@@ -67,6 +67,7 @@ func (s *Server) fetched(r *http.Request, f Fetch) {
 //	GET /ipxe/{mac}.ipxe   iPXE script (mac as 52-54-00-12-34-56)
 //	GET /assets/{name}     kernel, initramfs
 //	GET /boot/{name}       iPXE binaries
+//	GET /config/{mac}/{token}.yaml  a machine's config (see MachineConfig)
 //	GET /healthz           liveness
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -91,8 +92,8 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	mac, err := net.ParseMAC(strings.ReplaceAll(name, "-", ":"))
-	if err != nil || len(mac) != 6 {
+	mac, ok := parseMAC(name)
+	if !ok {
 		http.Error(w, "not a MAC address", http.StatusBadRequest)
 		return
 	}
@@ -110,8 +111,8 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) config(w http.ResponseWriter, r *http.Request) {
 	tok, ok := strings.CutSuffix(r.PathValue("file"), ".yaml")
-	mac, err := net.ParseMAC(strings.ReplaceAll(r.PathValue("mac"), "-", ":"))
-	if !ok || err != nil || len(mac) != 6 || s.MachineConfig == nil {
+	mac, macOK := parseMAC(r.PathValue("mac"))
+	if !ok || !macOK || s.MachineConfig == nil {
 		http.NotFound(w, r)
 		return
 	}
@@ -218,6 +219,12 @@ func (s *Server) logged(next http.Handler) http.Handler {
 			s.OnRequest(r.URL.Path, rec.status, rec.bytes)
 		}
 	})
+}
+
+// parseMAC reads a MAC as URLs carry it: 52-54-00-12-34-56.
+func parseMAC(s string) (net.HardwareAddr, bool) {
+	mac, err := net.ParseMAC(strings.ReplaceAll(s, "-", ":"))
+	return mac, err == nil && len(mac) == 6
 }
 
 // redact hides the token in a config path: a token in a log is a config
