@@ -450,15 +450,13 @@ func (s *server) run(ctx context.Context) error {
 	}
 	httpSrv := &http.Server{
 		Handler: s.met.handler((&httpboot.Server{
-			Script: s.script,
-			MachineConfig: func(r httpboot.ConfigRequest) ([]byte, int) {
-				return machineConfig(r, s.configs, s.keys, s.inv, log)
-			},
-			OnRequest: s.met.countHTTP,
-			OnFetch:   s.fetched,
-			Assets:    s.assets,
-			BootFiles: s.bootFiles,
-			Log:       log.With("service", "http"),
+			Script:        s.script,
+			MachineConfig: s.machineConfig,
+			OnRequest:     s.met.countHTTP,
+			OnFetch:       s.fetched,
+			Assets:        s.assets,
+			BootFiles:     s.bootFiles,
+			Log:           log.With("service", "http"),
 		}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -567,6 +565,9 @@ func dhcpWorker(ctx context.Context, conn *net.UDPConn, responder replier, port 
 			log.Warn("dhcp send", "to", dst, "err", err)
 			continue
 		}
+		if !log.Enabled(ctx, slog.LevelInfo) {
+			continue // spare the hot path building a line nobody reads
+		}
 		attrs := []any{"mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
 			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst}
 		if !req.GatewayIPAddr.IsUnspecified() {
@@ -607,31 +608,33 @@ func talosCmdline(user string) string {
 
 // machineConfig serves a machine its config, and nobody else: the token
 // must be the MAC's, and when the server can tell who is asking (the
-// kernel's neighbour table for the requester's IP, the UUID and IP it saw
-// over DHCP) that must be the same machine.
-func machineConfig(r httpboot.ConfigRequest, configs map[string]string, keys *token.Keyring, inv *inventory.Inventory, log *slog.Logger) ([]byte, int) {
+// kernel's neighbour table for the requester's IP, else the IP it saw the
+// machine at) that must be the same machine.
+func (s *server) machineConfig(r httpboot.ConfigRequest) ([]byte, int) {
 	mac := r.MAC.String()
-	path, ok := configs[mac]
+	path, ok := s.configs[mac]
 	if !ok {
 		return nil, http.StatusNotFound
 	}
-	if !keys.Valid(r.MAC, r.Token) {
-		log.Warn("machine config refused: wrong token", "mac", mac, "client", r.Remote)
+	if !s.keys.Valid(r.MAC, r.Token) {
+		s.log.Warn("machine config refused: wrong token", "mac", mac, "client", r.Remote)
 		return nil, http.StatusForbidden
 	}
-	if asker := neighbourMAC(r.Remote); asker != "" && asker != mac {
-		log.Warn("machine config refused: asked for by another machine", "mac", mac, "client", r.Remote, "clientMAC", asker)
+	switch asker := neighbourMAC(r.Remote); {
+	case asker != "" && asker != mac:
+		s.log.Warn("machine config refused: asked for by another machine", "mac", mac, "client", r.Remote, "clientMAC", asker)
 		return nil, http.StatusForbidden
-	}
-	if m, ok := inv.Get(mac); ok && m.IP.IsValid() && m.IP != r.Remote && neighbourMAC(r.Remote) == "" {
-		log.Warn("machine config refused: not from the machine's address", "mac", mac, "client", r.Remote, "machineIP", m.IP)
-		return nil, http.StatusForbidden
+	case asker == "":
+		if m, ok := s.inv.Get(mac); ok && m.IP.IsValid() && m.IP != r.Remote {
+			s.log.Warn("machine config refused: not from the machine's address", "mac", mac, "client", r.Remote, "machineIP", m.IP)
+			return nil, http.StatusForbidden
+		}
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		log.Error("machine config unreadable", "mac", mac, "err", err)
+		s.log.Error("machine config unreadable", "mac", mac, "err", err)
 		return nil, http.StatusInternalServerError
 	}
-	log.Info("machine config served", "mac", mac, "client", r.Remote, "bytes", len(data))
+	s.log.Info("machine config served", "mac", mac, "client", r.Remote, "bytes", len(data))
 	return data, http.StatusOK
 }
