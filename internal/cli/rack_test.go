@@ -1,0 +1,45 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRackInitValidates(t *testing.T) {
+	stdout, stderr, code := run("rack", "init", "--name", "prod")
+	if code != 0 || !strings.Contains(stdout, "name: prod") {
+		t.Fatalf("rack init: exit %d, %s", code, stderr)
+	}
+	f := filepath.Join(t.TempDir(), "rack.yaml")
+	if err := os.WriteFile(f, []byte(stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := run("rack", "validate", f, "-o", "json")
+	var rep rackReport
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || !rep.Valid || rep.Cluster != "prod" || rep.ControlPlanes != 3 {
+		t.Errorf("validate the example: exit %d, %s %s", code, out, stderr)
+	}
+}
+
+func TestRackValidateReportsProblems(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "rack.yaml")
+	broken := "apiVersion: cozy.dev/v1alpha1\nkind: Rack\nmetadata: {name: x}\nnetwork: {interface: eth0, subnet: 10.0.0.0/24}\nmachines:\n  - hostname: a\n    role: controlplane\n    mac: zz\n    install: {disk: sda}\n"
+	if err := os.WriteFile(f, []byte(broken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := run("rack", "validate", f)
+	if code != 1 || !strings.Contains(stderr, "is not a valid rack") {
+		t.Errorf("exit %d, stderr %s", code, stderr)
+	}
+	for _, want := range []string{"8      machines[0].mac", "9      machines[0].install.disk"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, code := run("rack", "init", "--name", "Bad Name"); code == 0 {
+		t.Error("rack init accepted a name that is not a DNS label")
+	}
+}
