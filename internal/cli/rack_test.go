@@ -43,3 +43,30 @@ func TestRackValidateReportsProblems(t *testing.T) {
 		t.Error("rack init accepted a name that is not a DNS label")
 	}
 }
+
+func TestTalosGen(t *testing.T) {
+	dir := t.TempDir()
+	ex, _, _ := run("rack", "init", "--name", "gen")
+	rackFile := filepath.Join(dir, "rack.yaml")
+	if err := os.WriteFile(rackFile, []byte(ex), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	stdout, stderr, code := run("talos", "gen", "--rack", rackFile, "--out", out)
+	if code != 0 || !strings.Contains(stdout, "secrets bundle (new") {
+		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
+	}
+	for _, f := range []string{"secrets.yaml", "talosconfig", "cp1.yaml", "cp2.yaml", "cp3.yaml", "worker1.yaml"} {
+		fi, err := os.Stat(filepath.Join(out, f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v", f, err, fi.Mode().Perm())
+		}
+	}
+	if stdout, _, _ := run("talos", "gen", "--rack", rackFile, "--out", out); !strings.Contains(stdout, "kept") {
+		t.Errorf("second run does not say it kept the bundle:\n%s", stdout)
+	}
+	_, stderr, code = run("talos", "gen", "--rack", filepath.Join(dir, "missing.yaml"), "--out", out)
+	if code == 0 || !strings.Contains(stderr, "read rack file") {
+		t.Errorf("missing rack: exit %d, %s", code, stderr)
+	}
+}

@@ -78,6 +78,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newVersionCommand(g))
 	root.AddCommand(newPXECommand(g))
 	root.AddCommand(newRackCommand(g))
+	root.AddCommand(newTalosCommand(g))
 	return root, g
 }
 
