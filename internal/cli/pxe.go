@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cozy.dev/cozy/bootstrap/netboot"
+	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/pxe"
 	"cozy.dev/cozy/pxe/inventory"
 	"cozy.dev/cozy/pxe/lease"
@@ -92,6 +94,7 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		reserve   []string
 		configs   []string
 		subnet    string
+		rackFile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -114,6 +117,14 @@ every DHCP client on the interface gets an address).`,
     --gateway 10.8.0.1 --dns 10.8.0.1 --kernel vmlinuz --initrd initramfs.xz --allow-unknown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rackFile != "" {
+				if err := applyRack(cmd, &cfg, rackFile); err != nil {
+					return err
+				}
+			}
+			if cfg.Interface == "" {
+				return errors.New("--interface is required (or --rack, whose network.interface names it)")
+			}
 			if cfg.Mode != "proxy" && cfg.Mode != "full" {
 				return fmt.Errorf("--mode %q: use proxy or full", cfg.Mode)
 			}
@@ -213,10 +224,59 @@ every DHCP client on the interface gets an address).`,
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
 	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients (snponly.efi uses the firmware's NIC driver)")
 	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients (none by default)")
-	_ = cmd.MarkFlagRequired("interface")
+	f.StringVar(&rackFile, "rack", "", "serve the machines of this rack file: its interface, DHCP mode, pool, gateway, DNS, fixed addresses and MACs (flags given too override it)")
+	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	_ = cmd.MarkFlagFilename("kernel")
 	_ = cmd.MarkFlagFilename("initrd")
 	return cmd
+}
+
+// applyRack fills cfg from a rack file, except what flags set explicitly.
+func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
+	r, err := rack.Load(file)
+	if err != nil {
+		return err
+	}
+	base, err := netboot.Config(r)
+	if err != nil {
+		return err
+	}
+	set := cmd.Flags().Changed
+	if !set("interface") {
+		cfg.Interface = base.Interface
+	}
+	if !set("mode") {
+		cfg.Mode = base.Mode
+	}
+	if !set("lease-time") {
+		cfg.LeaseTime = base.LeaseTime
+	}
+	if !set("range") {
+		cfg.Pool = base.Pool
+	}
+	if !set("subnet") {
+		cfg.Subnet = base.Subnet
+	}
+	if !set("gateway") {
+		cfg.Gateway = base.Gateway
+	}
+	if !set("dns") {
+		cfg.DNS = base.DNS
+	}
+	if !set("reserve") {
+		cfg.Reservations = base.Reservations
+	}
+	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
+	cfg.Talos = true
+	if netboot.NeedsUnknown(r) && !cfg.AllowUnknown {
+		return errors.New("some machines of the rack have only a uuid: add --allow-unknown so they can netboot and be found")
+	}
+	if cfg.Kernel == "" || len(cfg.Initrds) == 0 {
+		kernel, _ := r.BootAssetURL("kernel-amd64")
+		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
+		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd; download them from\n  %s\n  %s", kernel, initrd)
+	}
+	return nil
 }
 
 func parseIPv4(flag, s string) (netip.Addr, error) {

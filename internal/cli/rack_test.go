@@ -70,3 +70,31 @@ func TestTalosGen(t *testing.T) {
 		t.Errorf("missing rack: exit %d, %s", code, stderr)
 	}
 }
+
+func TestPXEServeRackErrors(t *testing.T) {
+	dir := t.TempDir()
+	ex, _, _ := run("rack", "init")
+	withUUID := filepath.Join(dir, "uuid.yaml")
+	if err := os.WriteFile(withUUID, []byte(ex), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	macsOnly := filepath.Join(dir, "macs.yaml")
+	if err := os.WriteFile(macsOnly, []byte(strings.Replace(ex, "uuid: 4c4c4544-0042-3510-8052-b4c04f333432", "mac: 52:54:00:00:01:01", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--rack", filepath.Join(dir, "none.yaml")}, "read rack file"},
+		{[]string{"--rack", withUUID}, "add --allow-unknown"},
+		{[]string{"--rack", macsOnly}, "factory.talos.dev/image/"},
+		{[]string{}, "--interface is required"},
+	}
+	for _, tc := range tests {
+		_, stderr, code := run(append([]string{"pxe", "serve"}, tc.args...)...)
+		if code == 0 || !strings.Contains(stderr, tc.wantErr) {
+			t.Errorf("pxe serve %v: exit %d, %s; want %q", tc.args, code, stderr, tc.wantErr)
+		}
+	}
+}

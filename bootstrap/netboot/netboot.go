@@ -1,0 +1,105 @@
+// Package netboot derives the netboot server's settings from a rack file:
+// which interface and DHCP mode, the pool, the gateway and DNS, fixed
+// addresses for machines with a static address on the provisioning
+// network, and which machines to boot. `cozyctl pxe serve --rack` and
+// `cozyctl bootstrap` both use it.
+package netboot
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/pxe"
+	"cozy.dev/cozy/pxe/lease"
+)
+
+// Config returns the pxe.Config fields the rack decides. Boot files,
+// ports and the state dir are the caller's.
+func Config(r *rack.Rack) (pxe.Config, error) {
+	n := r.Network
+	cfg := pxe.Config{
+		Interface: n.Interface,
+		Mode:      n.DHCP.Mode,
+		Talos:     true,
+	}
+	var err error
+	if cfg.LeaseTime, err = time.ParseDuration(n.DHCP.LeaseTime); err != nil {
+		return cfg, fmt.Errorf("network.dhcp.leaseTime: %w", err)
+	}
+	subnet, err := netip.ParsePrefix(n.Subnet)
+	if err != nil {
+		return cfg, fmt.Errorf("network.subnet: %w", err)
+	}
+	if n.DHCP.Mode == rack.DHCPModeFull {
+		cfg.Subnet = subnet
+		if cfg.Pool, err = lease.ParsePool(n.DHCP.Range); err != nil {
+			return cfg, fmt.Errorf("network.dhcp.range: %w", err)
+		}
+		if n.Gateway != "" {
+			cfg.Gateway = netip.MustParseAddr(n.Gateway)
+		}
+		for _, d := range n.DNS {
+			if a, err := netip.ParseAddr(d); err == nil && a.Is4() {
+				cfg.DNS = append(cfg.DNS, a)
+			}
+		}
+	}
+	for _, m := range r.Machines {
+		if m.MAC == "" {
+			continue // found by UUID: only --allow-unknown boots it
+		}
+		hw, err := net.ParseMAC(m.MAC)
+		if err != nil {
+			return cfg, fmt.Errorf("machine %s: %w", m.Hostname, err)
+		}
+		cfg.AllowMACs = append(cfg.AllowMACs, hw)
+		// A machine keeps in maintenance mode the address it will have
+		// once configured, so discovery finds it where the rack says.
+		if a := provisioningAddress(&m, subnet); a.IsValid() && n.DHCP.Mode == rack.DHCPModeFull {
+			if cfg.Reservations == nil {
+				cfg.Reservations = map[string]netip.Addr{}
+			}
+			cfg.Reservations[hw.String()] = a
+		}
+	}
+	return cfg, nil
+}
+
+// NeedsUnknown reports whether some machine is known only by its UUID, so
+// the server must boot unknown MACs for it to be found.
+func NeedsUnknown(r *rack.Rack) bool {
+	for _, m := range r.Machines {
+		if m.MAC == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// provisioningAddress is the machine's static address on the NIC it
+// netboots from, when that address is in the provisioning subnet.
+func provisioningAddress(m *rack.Machine, subnet netip.Prefix) netip.Addr {
+	for _, in := range m.Interfaces {
+		if in.MAC != m.MAC && !(in.Bond != nil && contains(in.Bond.MACs, m.MAC)) {
+			continue
+		}
+		for _, s := range in.Addresses {
+			if p, err := netip.ParsePrefix(s); err == nil && subnet.Contains(p.Addr()) {
+				return p.Addr()
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
