@@ -79,6 +79,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newPXECommand(g))
 	root.AddCommand(newRackCommand(g))
 	root.AddCommand(newTalosCommand(g))
+	root.AddCommand(newBootstrapCommand(g))
 	return root, g
 }
 
