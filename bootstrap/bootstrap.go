@@ -75,7 +75,7 @@ type Result struct {
 	Kubeconfig  string `json:"kubeconfig"`
 	Talosconfig string `json:"talosconfig"`
 	// EtcdBootstrapped names the control plane etcd started on.
-	EtcdBootstrapped string `json:"etcdBootstrapped"`
+	EtcdBootstrapped string       `json:"etcdBootstrapped"`
 	Nodes            []state.Node `json:"nodes"`
 }
 

@@ -234,6 +234,3 @@ func (p *progress) redraw() {
 	p.drawn = len(names) + 1
 	_, _ = io.WriteString(p.g.stderr, b.String())
 }
-
-
-
