@@ -51,7 +51,7 @@ lab-test: ## QEMU lab tests (PXE boot and bootstrap of a VM rack)
 .PHONY: bench
 bench: ## Benchmarks, ours and peers side by side in one run (root; installs the peers)
 	hack/install-deps.sh bench
-	$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ | grep -v -e '^=== RUN' -e '^--- PASS'
+	$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 
 .PHONY: fmt
