@@ -366,11 +366,58 @@ func (b *run) apply(ctx context.Context, m *rack.Machine, ip netip.Addr) error {
 	if err != nil {
 		return b.fail(m, fmt.Errorf("install disk: %w", err))
 	}
+	facts, err := talosapi.ReadFacts(cctx, c)
+	if err != nil {
+		return err
+	}
+	if err := checkLinks(m, facts.Links); err != nil {
+		return b.fail(m, err)
+	}
 	if err := talosapi.Apply(cctx, c, config); err != nil {
 		return b.fail(m, fmt.Errorf("apply config: %w", err))
 	}
 	b.opts.Log.Info("config applied", "node", m.Hostname, "disk", disk)
 	return b.advance(m, state.Applied, ip)
+}
+
+// checkLinks makes sure every link the rack names exists on the machine,
+// so a config never leaves a node without its network.
+func checkLinks(m *rack.Machine, links []talosapi.Link) error {
+	names := map[string]bool{}
+	var have []string
+	for _, l := range links {
+		names[l.Name] = true
+		have = append(have, l.Name+" ("+l.MAC+")")
+	}
+	var problems []string
+	need := func(name string) {
+		if !names[name] {
+			problems = append(problems, fmt.Sprintf("link %s does not exist", name))
+		}
+	}
+	for _, in := range m.Interfaces {
+		switch {
+		case in.Bond != nil:
+			for _, l := range in.Bond.Links {
+				need(l)
+			}
+			for _, mac := range in.Bond.MACs {
+				if !hasMAC(links, mac) {
+					problems = append(problems, "no link has MAC "+mac)
+				}
+			}
+		case in.MAC != "":
+			if !hasMAC(links, in.MAC) {
+				problems = append(problems, "no link has MAC "+in.MAC)
+			}
+		default:
+			need(in.Name)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s; the machine has %s (select links by mac in the rack if names differ)", strings.Join(problems, ", "), strings.Join(have, ", "))
+	}
+	return nil
 }
 
 // fail records err on the node and returns it.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/talosapi"
 	"cozy.dev/cozy/bootstrap/talosconfig"
 )
 
@@ -56,5 +57,27 @@ func TestDryRunChangesNothing(t *testing.T) {
 	}
 	if p, err = DryRun(r, dir); err != nil || !strings.HasPrefix(p.Secrets, "kept:") {
 		t.Errorf("with a bundle: %v, %q", err, p.Secrets)
+	}
+}
+
+func TestCheckLinks(t *testing.T) {
+	links := []talosapi.Link{{Name: "eth0", MAC: "52:54:00:00:00:01"}, {Name: "eth1", MAC: "52:54:00:00:00:02"}}
+	tests := []struct {
+		name    string
+		ifaces  []rack.Interface
+		wantErr string
+	}{
+		{"by name", []rack.Interface{{Name: "eth1"}}, ""},
+		{"by mac", []rack.Interface{{Name: "net0", MAC: "52:54:00:00:00:02"}}, ""},
+		{"bond", []rack.Interface{{Name: "bond0", Bond: &rack.Bond{Links: []string{"eth0"}, MACs: []string{"52:54:00:00:00:02"}}}}, ""},
+		{"missing name", []rack.Interface{{Name: "eno1"}}, "link eno1 does not exist; the machine has eth0 (52:54:00:00:00:01), eth1"},
+		{"missing mac", []rack.Interface{{Name: "net0", MAC: "52:54:00:00:00:09"}}, "no link has MAC 52:54:00:00:00:09"},
+		{"missing bond member", []rack.Interface{{Name: "bond0", Bond: &rack.Bond{Links: []string{"eth7"}}}}, "link eth7 does not exist"},
+	}
+	for _, tt := range tests {
+		err := checkLinks(&rack.Machine{Interfaces: tt.ifaces}, links)
+		if (tt.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.wantErr)
+		}
 	}
 }
