@@ -215,8 +215,8 @@ func TestWriteKeepsSecretsAndModes(t *testing.T) {
 func TestSecretsCreatedOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), SecretsFile)
 	var wg sync.WaitGroup
-	ids := make([]string, 8)
-	created := make([]bool, 8)
+	ids := make([]string, 3)
+	created := make([]bool, 3)
 	for i := range ids {
 		wg.Go(func() {
 			b, c, err := LoadOrCreateSecrets(path, nil)
