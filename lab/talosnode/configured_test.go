@@ -1,0 +1,355 @@
+package talosnode_test
+
+import (
+	"bytes"
+	"context"
+	stdx509 "crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/crypto/x509"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/network"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+
+	"cozy.dev/cozy/lab/talosnode"
+)
+
+// TestApplyConfigurationRefused: whatever a client sends that Talos
+// would refuse is refused with Talos's code, and nothing reaches the
+// node's disk.
+func TestApplyConfigurationRefused(t *testing.T) {
+	addr := loopbackAddress(t)
+	n := startNode(t, testMachine(t, addr, "52:54:00:00:00:01"))
+	cl := newCluster(t, addr)
+	valid := string(cl.machineConfig(t, "cp1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitMaintenance(t, n)
+
+	tests := []struct {
+		name    string
+		data    []byte
+		mode    machine.ApplyConfigurationRequest_Mode
+		code    string
+		message string
+	}{
+		{"empty", nil, machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", "failed to parse config"},
+		{"not YAML", []byte("machine: [\n"), machine.ApplyConfigurationRequest_AUTO, "InvalidArgument", "failed to parse config"},
+		{"binary", []byte{0x00, 0xff, 0xfe, 0x01, 0x80}, machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", "failed to parse config"},
+		{"a kubeconfig", []byte("apiVersion: v1\nkind: Config\nclusters: []\n"), machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", "failed to parse config"},
+		{"cut mid-line", []byte(valid[:strings.Index(valid, "    kubelet:")+7]), machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", ""},
+		{"no cluster section", []byte(valid[:strings.Index(valid, "\ncluster:")+1]), machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", "cluster instructions are required"},
+		{"no machine section", []byte("version: v1alpha1\ndebug: false\n"), machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", ""},
+		{"unknown machine type", []byte(strings.Replace(valid, "    type: controlplane\n", "    type: toaster\n", 1)), machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", ""},
+		{"install disk selector matches no disk", []byte(strings.Replace(valid, "        disk: /dev/vda\n", "        diskSelector:\n            size: '>= 1TB'\n", 1)),
+			machine.ApplyConfigurationRequest_REBOOT, "InvalidArgument", "no disks matched the expression"},
+		{"no-reboot is not a maintenance mode", []byte(valid), machine.ApplyConfigurationRequest_NO_REBOOT, "Unimplemented", "apply configuration --mode='no-reboot' is not supported in maintenance mode"},
+		{"staged is not a maintenance mode", []byte(valid), machine.ApplyConfigurationRequest_STAGED, "Unimplemented", "not supported in maintenance mode"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := insecureClient(t, n.endpoint())
+			_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: tc.data, Mode: tc.mode})
+			if codeOf(err) != tc.code || !strings.Contains(fmt.Sprint(err), tc.message) {
+				t.Errorf("ApplyConfiguration: %v; want %s %q", err, tc.code, tc.message)
+			}
+			if _, err := os.Stat(filepath.Join(n.cfg.StateDir, talosnode.ConfigFile)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a config file is on the node's disk after a refused apply (stat: %v)", err)
+			}
+			if ms := machineStage(ctx, c); ms != runtime.MachineStageMaintenance {
+				t.Errorf("machine stage %s after a refused apply, want maintenance", ms)
+			}
+		})
+	}
+
+	t.Run("dry run writes nothing", func(t *testing.T) {
+		resp, err := insecureClient(t, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: []byte(valid), DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(resp.GetMessages()[0].GetModeDetails(), "Dry run") {
+			t.Errorf("mode details %q", resp.GetMessages()[0].GetModeDetails())
+		}
+		if _, err := os.Stat(filepath.Join(n.cfg.StateDir, talosnode.ConfigFile)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("dry run wrote the config (stat: %v)", err)
+		}
+	})
+}
+
+// TestInstallAndConfiguredMode walks a control plane from maintenance
+// through apply-config and its reboot into configured mode, then through
+// a process restart, a reboot, a re-apply and a reset.
+func TestInstallAndConfiguredMode(t *testing.T) {
+	addr := loopbackAddress(t)
+	cfg := testMachine(t, addr, "52:54:00:00:00:01")
+	n := startNode(t, cfg)
+	cl := newCluster(t, addr)
+	tc := cl.talosconfig(t)
+	data := cl.machineConfig(t, "cp1")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	waitMaintenance(t, n)
+
+	resp, err := insecureClient(t, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: data, Mode: machine.ApplyConfigurationRequest_AUTO})
+	if err != nil {
+		t.Fatalf("ApplyConfiguration: %v", err)
+	}
+	if len(resp.GetMessages()) != 1 {
+		t.Fatalf("reply has %d messages, want 1", len(resp.GetMessages()))
+	}
+
+	path := filepath.Join(cfg.StateDir, talosnode.ConfigFile)
+	onDisk, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(onDisk, data) {
+		t.Error("the config on disk differs from the applied bytes")
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+		t.Errorf("config file mode %v, want 0600", fi.Mode().Perm())
+	}
+
+	waitConfigured(t, n, tc)
+	assertConfigured(ctx, t, n, tc, "cp1")
+
+	t.Run("a client certificate from another CA is refused", func(t *testing.T) {
+		other := newCluster(t, addr).talosconfig(t)
+		// Trust the node's CA so that only the server's check of the
+		// client certificate can fail.
+		other.Contexts[other.Context].CA = tc.Contexts[tc.Context].CA
+		_, err := configClient(t, other, n.endpoint()).Version(ctx)
+		if codeOf(err) != "Unavailable" {
+			t.Errorf("Version with a foreign client certificate: %v, want the connection refused (Unavailable)", err)
+		}
+	})
+
+	t.Run("roles", func(t *testing.T) {
+		reader := withRole(t, cl, tc, "os:reader")
+		c := configClient(t, reader, n.endpoint())
+		if _, err := c.Version(ctx); err != nil {
+			t.Errorf("Version as os:reader: %v", err)
+		}
+		if _, err := c.Kubeconfig(ctx); codeOf(err) != "PermissionDenied" {
+			t.Errorf("Kubeconfig as os:reader: %v, want PermissionDenied", err)
+		}
+		if err := c.Reboot(ctx); codeOf(err) != "PermissionDenied" {
+			t.Errorf("Reboot as os:reader: %v, want PermissionDenied", err)
+		}
+		none := withRole(t, cl, tc, "")
+		if _, err := configClient(t, none, n.endpoint()).Version(ctx); codeOf(err) != "PermissionDenied" {
+			t.Errorf("Version without a role: %v, want PermissionDenied", err)
+		}
+	})
+
+	t.Run("node metadata", func(t *testing.T) {
+		c := configClient(t, tc, n.endpoint())
+		if _, err := c.Version(client.WithNode(ctx, addr.String())); err != nil {
+			t.Errorf("Version with --nodes naming the node itself: %v", err)
+		}
+		if _, err := c.Version(client.WithNode(ctx, "192.0.2.1")); codeOf(err) != "Unavailable" {
+			t.Errorf("Version with --nodes naming another node: %v, want Unavailable (no proxying)", err)
+		}
+	})
+
+	parent := t
+	t.Run("process restart keeps configured mode", func(t *testing.T) {
+		n.stop(t)
+		n = startNode(parent, cfg) // runs until the end of the whole test
+		waitConfigured(t, n, tc)
+		assertConfigured(ctx, t, n, tc, "cp1")
+	})
+
+	t.Run("reboot comes back configured", func(t *testing.T) {
+		c := configClient(t, tc, n.endpoint())
+		if err := c.Reboot(ctx); err != nil {
+			t.Fatalf("Reboot: %v", err)
+		}
+		eventually(t, 30*time.Second, "node down for the reboot", func() error {
+			if _, err := configClient(t, tc, n.endpoint()).Version(ctx); err == nil {
+				return errNotYet
+			}
+			return nil
+		})
+		waitConfigured(t, n, tc)
+	})
+
+	t.Run("re-apply without reboot updates the disk", func(t *testing.T) {
+		changed := bytes.Replace(data, []byte("hostname: cp1"), []byte("hostname: cp1-renamed"), 1)
+		if bytes.Equal(changed, data) {
+			t.Fatal("the config has no hostname: cp1 to change")
+		}
+		resp, err := configClient(t, tc, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: changed, Mode: machine.ApplyConfigurationRequest_NO_REBOOT})
+		if err != nil {
+			t.Fatalf("ApplyConfiguration: %v", err)
+		}
+		if got := resp.GetMessages()[0].GetModeDetails(); got != "Applied configuration without a reboot" {
+			t.Errorf("mode details %q", got)
+		}
+		if onDisk, _ := os.ReadFile(path); !bytes.Equal(onDisk, changed) {
+			t.Error("the config on disk is not the re-applied one")
+		}
+		hs, err := safe.StateGetByID[*network.HostnameStatus](ctx, configClient(t, tc, n.endpoint()).COSI, network.HostnameID)
+		if err != nil || hs.TypedSpec().Hostname != "cp1-renamed" {
+			t.Errorf("hostname status after re-apply: %v %v", hs, err)
+		}
+		bad := bytes.Replace(data, []byte("    type: controlplane\n"), []byte("    type: toaster\n"), 1)
+		_, err = configClient(t, tc, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: bad, Mode: machine.ApplyConfigurationRequest_NO_REBOOT})
+		if codeOf(err) != "InvalidArgument" {
+			t.Errorf("re-apply of an invalid config: %v, want InvalidArgument", err)
+		}
+		if onDisk, _ := os.ReadFile(path); !bytes.Equal(onDisk, changed) {
+			t.Error("a refused re-apply changed the config on disk")
+		}
+	})
+
+	t.Run("reset goes back to maintenance", func(t *testing.T) {
+		if err := configClient(t, tc, n.endpoint()).Reset(ctx, true, true); err != nil {
+			t.Fatalf("Reset: %v", err)
+		}
+		waitMaintenance(t, n)
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the config survived the reset (stat: %v)", err)
+		}
+		if _, err := configClient(t, tc, n.endpoint()).Version(ctx); err == nil {
+			t.Error("the talosconfig still works after the reset")
+		}
+	})
+}
+
+// TestWorker: a worker holds no OS CA key, so it gets its API certificate
+// from the control plane's trustd; the talosconfig then verifies it like
+// any node's. Control-plane APIs are refused as Talos refuses them.
+func TestWorker(t *testing.T) {
+	cpAddr, workerAddr := loopbackAddress(t), loopbackAddress(t)
+	for workerAddr == cpAddr {
+		workerAddr = loopbackAddress(t)
+	}
+	cp := startNode(t, testMachine(t, cpAddr, "52:54:00:00:00:01"))
+	worker := startNode(t, testMachine(t, workerAddr, "52:54:00:00:00:02"))
+	cl := newCluster(t, cpAddr)
+	tc := cl.talosconfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	waitMaintenance(t, cp)
+	waitMaintenance(t, worker)
+
+	// The worker first: it waits for trustd until the control plane is up.
+	for _, apply := range []struct {
+		node     *runningNode
+		hostname string
+	}{{worker, "worker1"}, {cp, "cp1"}} {
+		_, err := insecureClient(t, apply.node.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cl.machineConfig(t, apply.hostname)})
+		if err != nil {
+			t.Fatalf("apply %s: %v", apply.hostname, err)
+		}
+	}
+	waitConfigured(t, worker, tc)
+	assertConfigured(ctx, t, worker, tc, "worker1")
+
+	c := configClient(t, tc, worker.endpoint())
+	if err := c.Bootstrap(ctx, &machine.BootstrapRequest{}); codeOf(err) != "FailedPrecondition" || !strings.Contains(err.Error(), "bootstrap can only be performed on a control plane node") {
+		t.Errorf("Bootstrap on a worker: %v, want FailedPrecondition", err)
+	}
+	if _, err := c.Kubeconfig(ctx); codeOf(err) != "Unimplemented" {
+		t.Errorf("Kubeconfig on a worker: %v, want Unimplemented", err)
+	}
+	if _, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{}); codeOf(err) != "Unimplemented" {
+		t.Errorf("EtcdMemberList on a worker: %v, want Unimplemented", err)
+	}
+}
+
+func waitMaintenance(t *testing.T, n *runningNode) {
+	t.Helper()
+	eventually(t, 30*time.Second, "maintenance mode", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if s := machineStage(ctx, insecureClient(t, n.endpoint())); s != runtime.MachineStageMaintenance {
+			return fmt.Errorf("stage %s", s)
+		}
+		return nil
+	})
+}
+
+func waitConfigured(t *testing.T, n *runningNode, tc *clientconfig.Config) {
+	t.Helper()
+	eventually(t, 30*time.Second, "configured mode", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if s := machineStage(ctx, configClient(t, tc, n.endpoint())); s != runtime.MachineStageRunning {
+			return fmt.Errorf("stage %s", s)
+		}
+		return nil
+	})
+}
+
+func machineStage(ctx context.Context, c *client.Client) runtime.MachineStage {
+	ms, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
+	if err != nil {
+		return runtime.MachineStageUnknown
+	}
+	return ms.TypedSpec().Stage
+}
+
+// assertConfigured checks what a configured node serves, and that the
+// maintenance (insecure) client no longer gets in.
+func assertConfigured(ctx context.Context, t *testing.T, n *runningNode, tc *clientconfig.Config, hostname string) {
+	t.Helper()
+	c := configClient(t, tc, n.endpoint())
+	v, err := c.Version(ctx)
+	if err != nil {
+		t.Fatalf("Version with the talosconfig: %v", err)
+	}
+	m := v.GetMessages()[0]
+	if m.GetVersion().GetTag() != "v1.13.0" || m.GetPlatform().GetName() != "metal" || m.GetPlatform().GetMode() != "metal" || m.GetVersion().GetArch() != "amd64" {
+		t.Errorf("Version: %v", m)
+	}
+	ms, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
+	if err != nil || ms.TypedSpec().Stage != runtime.MachineStageRunning || !ms.TypedSpec().Status.Ready {
+		t.Errorf("machine status: %v %v", ms, err)
+	}
+	hs, err := safe.StateGetByID[*network.HostnameStatus](ctx, c.COSI, network.HostnameID)
+	if err != nil || hs.TypedSpec().Hostname != hostname {
+		t.Errorf("hostname status: %v %v, want %s", hs, err, hostname)
+	}
+	if _, err := insecureClient(t, n.endpoint()).Version(ctx); codeOf(err) != "Unavailable" {
+		t.Errorf("insecure client against a configured node: %v, want a TLS refusal", err)
+	}
+	if _, err := safe.StateGetByID[*runtime.MachineStatus](ctx, insecureClient(t, n.endpoint()).COSI, runtime.MachineStatusID); err == nil {
+		t.Error("insecure client reads resources of a configured node")
+	}
+}
+
+// withRole is the talosconfig with a client certificate from the OS CA
+// carrying role as its organization (none if empty).
+func withRole(t *testing.T, cl *cluster, tc *clientconfig.Config, role string) *clientconfig.Config {
+	t.Helper()
+	ca, err := x509.NewCertificateAuthorityFromCertificateAndKey(cl.secrets.Certs.OS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []x509.Option{x509.CommonName("someone"), x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth})}
+	if role != "" {
+		opts = append(opts, x509.Organization(role))
+	}
+	kp, err := x509.NewKeyPair(ca, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := *tc
+	ctx := *tc.Contexts[tc.Context]
+	ctx.Crt = base64.StdEncoding.EncodeToString(kp.CrtPEM)
+	ctx.Key = base64.StdEncoding.EncodeToString(kp.KeyPEM)
+	out.Contexts = map[string]*clientconfig.Context{tc.Context: &ctx}
+	return &out
+}

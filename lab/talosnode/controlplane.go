@@ -1,0 +1,506 @@
+package talosnode
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	stdx509 "crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/siderolabs/crypto/x509"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/config/config"
+)
+
+// controlPlane is etcd and kube-apiserver of a bootstrapped control plane,
+// run as child processes the way Talos runs them as static pods: certified
+// by the cluster's CAs from the machine config, listening on the node
+// address only.
+type controlPlane struct {
+	log     *slog.Logger
+	etcdURL string
+	etcd    *http.Client // with an etcd client certificate
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// controlPlaneFiles are the paths of what etcd and kube-apiserver run with.
+type controlPlaneFiles struct {
+	dir string
+}
+
+func (f controlPlaneFiles) path(name string) string { return filepath.Join(f.dir, name) }
+
+// startControlPlane writes the certificates and starts etcd, then
+// kube-apiserver once etcd answers. Both are restarted if they exit, and
+// stopped by stop.
+func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawner) (*controlPlane, error) {
+	pki := controlPlaneFiles{filepath.Join(c.StateDir, PKIDir)}
+	etcdClient, err := writePKI(pki, c, mc, hostname)
+	if err != nil {
+		return nil, fmt.Errorf("control plane certificates: %w", err)
+	}
+	for _, dir := range []string{filepath.Join(c.StateDir, EtcdDir), filepath.Join(c.StateDir, LogDir)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	etcdCA := stdx509.NewCertPool()
+	etcdCA.AppendCertsFromPEM(mc.Cluster().Etcd().CA().Crt)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cp := &controlPlane{
+		log:     c.Logger,
+		etcdURL: "https://" + c.hostPort(EtcdClientPort),
+		etcd: &http.Client{
+			Timeout: 10 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{
+				RootCAs:      etcdCA,
+				Certificates: []tls.Certificate{etcdClient},
+				MinVersion:   tls.VersionTLS12,
+			}},
+		},
+		cancel: cancel,
+	}
+	etcdArgs := etcdArgs(c, hostname, pki)
+	apiArgs, err := apiServerArgs(c, mc, pki)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	cp.wg.Add(1)
+	go func() {
+		defer cp.wg.Done()
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			supervise(ctx, cp.log, spawn, "etcd", c.EtcdBinary, etcdArgs, filepath.Join(c.StateDir, LogDir, "etcd.log"))
+		}()
+		if cp.waitEtcd(ctx) == nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				supervise(ctx, cp.log, spawn, "kube-apiserver", c.APIServerBinary, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
+			}()
+		}
+		wg.Wait()
+	}()
+	return cp, nil
+}
+
+// stop stops kube-apiserver and etcd and waits for them to exit.
+func (cp *controlPlane) stop() {
+	cp.cancel()
+	cp.wg.Wait()
+}
+
+// waitEtcd polls etcd's health endpoint until it answers or ctx ends.
+func (cp *controlPlane) waitEtcd(ctx context.Context) error {
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.etcdURL+"/health", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := cp.etcd.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// members lists etcd's members through its v3 JSON gateway.
+func (cp *controlPlane) members(ctx context.Context) ([]*machine.EtcdMember, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cp.etcdURL+"/v3/cluster/member/list", strings.NewReader("{}"))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := cp.etcd.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("etcd member list: %s: %s", resp.Status, bytes.TrimSpace(body))
+	}
+	var list struct {
+		Members []struct {
+			ID         json.Number `json:"ID"`
+			Name       string      `json:"name"`
+			PeerURLs   []string    `json:"peerURLs"`
+			ClientURLs []string    `json:"clientURLs"`
+			IsLearner  bool        `json:"isLearner"`
+		} `json:"members"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&list); err != nil {
+		return nil, fmt.Errorf("etcd member list: %w", err)
+	}
+	out := make([]*machine.EtcdMember, 0, len(list.Members))
+	for _, m := range list.Members {
+		id, err := strconv.ParseUint(m.ID.String(), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("etcd member list: member ID %q: %w", m.ID, err)
+		}
+		out = append(out, &machine.EtcdMember{
+			Id:         id,
+			Hostname:   m.Name,
+			PeerUrls:   m.PeerURLs,
+			ClientUrls: m.ClientURLs,
+			IsLearner:  m.IsLearner,
+		})
+	}
+	return out, nil
+}
+
+func etcdArgs(c Config, hostname string, pki controlPlaneFiles) []string {
+	client := "https://" + c.hostPort(EtcdClientPort)
+	peer := "https://" + c.hostPort(EtcdPeerPort)
+	return []string{
+		"--name=" + hostname,
+		"--data-dir=" + filepath.Join(c.StateDir, EtcdDir),
+		"--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer,
+		"--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=" + hostname + "=" + peer,
+		"--initial-cluster-state=new",
+		"--client-cert-auth=true",
+		"--trusted-ca-file=" + pki.path("etcd-ca.crt"),
+		"--cert-file=" + pki.path("etcd-server.crt"),
+		"--key-file=" + pki.path("etcd-server.key"),
+		"--peer-client-cert-auth=true",
+		"--peer-trusted-ca-file=" + pki.path("etcd-ca.crt"),
+		"--peer-cert-file=" + pki.path("etcd-peer.crt"),
+		"--peer-key-file=" + pki.path("etcd-peer.key"),
+	}
+}
+
+func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string, error) {
+	cl := mc.Cluster()
+	port := cl.LocalAPIServerPort()
+	if port == 0 {
+		port = 6443
+	}
+	services := cl.Network().ServiceCIDRs()
+	if len(services) == 0 {
+		return nil, errors.New("the config has no cluster.network.serviceSubnets")
+	}
+	issuer := cl.Endpoint().String()
+	return []string{
+		"--advertise-address=" + c.Address.String(),
+		"--bind-address=" + c.Address.String(),
+		"--secure-port=" + strconv.Itoa(port),
+		"--etcd-servers=https://" + c.hostPort(EtcdClientPort),
+		"--etcd-cafile=" + pki.path("etcd-ca.crt"),
+		"--etcd-certfile=" + pki.path("apiserver-etcd-client.crt"),
+		"--etcd-keyfile=" + pki.path("apiserver-etcd-client.key"),
+		"--tls-cert-file=" + pki.path("apiserver.crt"),
+		"--tls-private-key-file=" + pki.path("apiserver.key"),
+		"--client-ca-file=" + pki.path("ca.crt"),
+		"--kubelet-client-certificate=" + pki.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + pki.path("apiserver-kubelet-client.key"),
+		"--requestheader-client-ca-file=" + pki.path("aggregator-ca.crt"),
+		"--proxy-client-cert-file=" + pki.path("front-proxy-client.crt"),
+		"--proxy-client-key-file=" + pki.path("front-proxy-client.key"),
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-username-headers=X-Remote-User",
+		"--service-account-issuer=" + issuer,
+		"--service-account-key-file=" + pki.path("service-account.key"),
+		"--service-account-signing-key-file=" + pki.path("service-account.key"),
+		"--service-cluster-ip-range=" + strings.Join(services, ","),
+		"--encryption-provider-config=" + pki.path("encryptionconfig.yaml"),
+		"--authorization-mode=Node,RBAC",
+		"--enable-bootstrap-token-auth=true",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--cert-dir=" + pki.dir,
+	}, nil
+}
+
+// writePKI writes the certificates etcd and kube-apiserver run with,
+// issued from the cluster's CAs in the machine config, and returns the
+// client certificate the node itself talks to etcd with.
+func writePKI(f controlPlaneFiles, c Config, mc config.Config, hostname string) (tls.Certificate, error) {
+	cl := mc.Cluster()
+	if err := os.MkdirAll(f.dir, 0o700); err != nil {
+		return tls.Certificate{}, err
+	}
+	etcdCA := cl.Etcd().CA()
+	if !canIssue(etcdCA) {
+		return tls.Certificate{}, errors.New("the config has no cluster.etcd.ca with a key")
+	}
+	k8sCA := cl.IssuingCA()
+	if !canIssue(k8sCA) {
+		return tls.Certificate{}, errors.New("the config has no cluster.ca with a key")
+	}
+	aggCA := cl.AggregatorCA()
+	if !canIssue(aggCA) {
+		return tls.Certificate{}, errors.New("the config has no cluster.aggregatorCA with a key")
+	}
+	sa := cl.ServiceAccount()
+	if sa == nil || len(sa.Key) == 0 {
+		return tls.Certificate{}, errors.New("the config has no cluster.serviceAccount key")
+	}
+
+	server := stdx509.ExtKeyUsageServerAuth
+	client := stdx509.ExtKeyUsageClientAuth
+	etcdNames := sans{
+		IPs:      []net.IP{c.Address.AsSlice(), net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames: []string{hostname, "localhost"},
+	}
+	apiNames, err := apiServerSANs(c, mc)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	var etcdClient *x509.KeyPair
+	for _, cert := range []struct {
+		name   string
+		ca     *x509.PEMEncodedCertificateAndKey
+		cn     string
+		org    []string
+		names  sans
+		usages []stdx509.ExtKeyUsage
+		keep   **x509.KeyPair
+	}{
+		{"etcd-server", etcdCA, hostname, nil, etcdNames, []stdx509.ExtKeyUsage{server, client}, nil},
+		{"etcd-peer", etcdCA, hostname, nil, etcdNames, []stdx509.ExtKeyUsage{server, client}, nil},
+		{"apiserver-etcd-client", etcdCA, "kube-apiserver", nil, sans{}, []stdx509.ExtKeyUsage{client}, nil},
+		{"talos-etcd-client", etcdCA, "talos", nil, sans{}, []stdx509.ExtKeyUsage{client}, &etcdClient},
+		{"apiserver", k8sCA, "kube-apiserver", []string{"kube-master"}, apiNames, []stdx509.ExtKeyUsage{server}, nil},
+		{"apiserver-kubelet-client", k8sCA, "apiserver-kubelet-client", []string{"system:masters"}, sans{}, []stdx509.ExtKeyUsage{client}, nil},
+		{"front-proxy-client", aggCA, "front-proxy-client", nil, sans{}, []stdx509.ExtKeyUsage{client}, nil},
+	} {
+		kp, err := issue(cert.ca, cert.cn, cert.org, cert.names, cert.usages...)
+		if err != nil {
+			return tls.Certificate{}, fmt.Errorf("%s certificate: %w", cert.name, err)
+		}
+		if err := writeSecret(f.path(cert.name+".crt"), kp.CrtPEM); err != nil {
+			return tls.Certificate{}, err
+		}
+		if err := writeSecret(f.path(cert.name+".key"), kp.KeyPEM); err != nil {
+			return tls.Certificate{}, err
+		}
+		if cert.keep != nil {
+			*cert.keep = kp
+		}
+	}
+	clientCAs := bytes.Clone(k8sCA.Crt)
+	for _, ca := range cl.AcceptedCAs() {
+		clientCAs = append(clientCAs, ca.Crt...)
+	}
+	enc, err := encryptionConfig(cl)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	for name, data := range map[string][]byte{
+		"etcd-ca.crt":           etcdCA.Crt,
+		"ca.crt":                clientCAs,
+		"aggregator-ca.crt":     aggCA.Crt,
+		"service-account.key":   sa.Key,
+		"encryptionconfig.yaml": enc,
+	} {
+		if err := writeSecret(f.path(name), data); err != nil {
+			return tls.Certificate{}, err
+		}
+	}
+	return *etcdClient.Certificate, nil
+}
+
+// apiServerSANs: the control-plane endpoint's host, the node, the
+// cluster's certSANs (the VIP among them), loopback and the in-cluster
+// names, as Talos's API server certificate has them.
+func apiServerSANs(c Config, mc config.Config) (sans, error) {
+	cl := mc.Cluster()
+	domain := cl.Network().DNSDomain()
+	s := sans{
+		IPs: []net.IP{c.Address.AsSlice(), net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames: []string{
+			"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+			"kubernetes.default.svc." + domain,
+		},
+	}
+	add := func(name string) {
+		if ip, err := netip.ParseAddr(name); err == nil {
+			s.IPs = append(s.IPs, ip.AsSlice())
+		} else if name != "" {
+			s.DNSNames = append(s.DNSNames, name)
+		}
+	}
+	add(cl.Endpoint().Hostname())
+	for _, n := range cl.CertSANs() {
+		add(n)
+	}
+	ips, err := cl.Network().APIServerIPs()
+	if err != nil {
+		return sans{}, fmt.Errorf("kubernetes service IP: %w", err)
+	}
+	for _, ip := range ips {
+		s.IPs = append(s.IPs, ip.AsSlice())
+	}
+	return s, nil
+}
+
+// encryptionConfig encrypts Secrets at rest with the config's key, as
+// Talos configures kube-apiserver.
+func encryptionConfig(cl config.ClusterConfig) ([]byte, error) {
+	provider, secret := "secretbox", cl.SecretboxEncryptionSecret()
+	if secret == "" {
+		provider, secret = "aescbc", cl.AESCBCEncryptionSecret()
+	}
+	if secret == "" {
+		return nil, errors.New("the config has no cluster.secretboxEncryptionSecret or aescbcEncryptionSecret")
+	}
+	if _, err := base64.StdEncoding.DecodeString(secret); err != nil {
+		return nil, fmt.Errorf("the cluster encryption secret is not base64: %w", err)
+	}
+	return fmt.Appendf(nil, `apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+  - resources:
+      - secrets
+    providers:
+      - %s:
+          keys:
+            - name: key1
+              secret: %s
+      - identity: {}
+`, provider, secret), nil
+}
+
+func writeSecret(path string, data []byte) error {
+	return writeFileAtomic(path, data, 0o600)
+}
+
+// supervise runs a program until ctx ends, restarting it when it exits,
+// as Talos's service runner restarts a failed service. Its output is
+// appended to logPath.
+func supervise(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args []string, logPath string) {
+	for {
+		err := runOnce(ctx, spawn, bin, args, logPath)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("control-plane process exited; restarting", "process", name, "err", err, "log", logPath)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// stopTimeout is how long a child gets to exit after SIGTERM.
+const stopTimeout = 10 * time.Second
+
+func runOnce(ctx context.Context, spawn *spawner, bin string, args []string, logPath string) error {
+	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	// No environment: etcd reads ETCD_* variables as flags, and nothing
+	// from the caller's environment belongs on the node.
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := spawn.start(cmd); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(stopTimeout):
+		_ = cmd.Process.Kill()
+		return <-done
+	}
+}
+
+// spawner starts child processes from one OS thread that lives as long as
+// the node: Linux sends a child its parent-death signal (Pdeathsig) when
+// the thread that forked it exits, so forking from an arbitrary goroutine's
+// thread could kill a child early, while this way children die exactly
+// when the node's process (or its Run) ends.
+type spawner struct {
+	reqs chan spawnRequest
+	done chan struct{}
+}
+
+type spawnRequest struct {
+	cmd *exec.Cmd
+	res chan error
+}
+
+func newSpawner() *spawner {
+	s := &spawner{reqs: make(chan spawnRequest), done: make(chan struct{})}
+	started := make(chan struct{})
+	go func() {
+		// Never unlocked: when this goroutine returns, its thread exits.
+		goruntime.LockOSThread()
+		close(started)
+		for {
+			select {
+			case r := <-s.reqs:
+				r.res <- r.cmd.Start()
+			case <-s.done:
+				return
+			}
+		}
+	}()
+	<-started
+	return s
+}
+
+func (s *spawner) start(cmd *exec.Cmd) error {
+	r := spawnRequest{cmd, make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+		return <-r.res
+	case <-s.done:
+		return errors.New("the node is shutting down")
+	}
+}
+
+func (s *spawner) close() { close(s.done) }

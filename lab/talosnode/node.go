@@ -1,0 +1,361 @@
+// Package talosnode is an emulated Talos Linux node: a process that serves
+// Talos's machine API and COSI resource API over gRPC, with Talos's own
+// generated servers, resource types and config validation, so that the
+// real Talos client (talosctl's library) drives it as it drives a real
+// machine.
+//
+// The node boots in maintenance mode (TLS with a throwaway certificate, no
+// client authentication, ApplyConfiguration and read-only resources), and
+// once a machine config is applied it "installs" it to its disk (a
+// directory) and "reboots" into configured mode: mutual TLS with the
+// config's OS CA. A control plane bootstrapped through the API runs a real
+// etcd and a real kube-apiserver as child processes, certified by the
+// cluster's CAs from the config, and hands out Talos-style admin
+// kubeconfigs for them. docs/talos-node.md says what is emulated and what
+// is real.
+package talosnode
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	cosiv1alpha1 "github.com/cosi-project/runtime/api/v1alpha1"
+	"github.com/cosi-project/runtime/pkg/state"
+	cosiserver "github.com/cosi-project/runtime/pkg/state/protobuf/server"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/api/security"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// Node is one emulated machine. Run it with Run.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	spawn *spawner
+
+	mu sync.Mutex
+	// Set for each boot:
+	mode     mode
+	machine  config.Provider // the running config; nil in maintenance
+	hostname string
+	state    state.State
+	// cp runs etcd and kube-apiserver on a bootstrapped control plane.
+	cp *controlPlane
+	// next is the power transition a request asked for; the node makes
+	// it once the reply is out.
+	next    chan transition
+	pending bool
+}
+
+type mode int
+
+const (
+	maintenance mode = iota
+	configured
+)
+
+func (m mode) String() string {
+	if m == maintenance {
+		return "maintenance"
+	}
+	return "configured"
+}
+
+// transition is what happens to the machine after a request.
+type transition int
+
+const (
+	reboot   transition = iota // back up in the mode its disk says
+	reset                      // disk wiped, back up in maintenance
+	resetOff                   // disk wiped, powered off
+	shutdown                   // powered off
+)
+
+// New checks cfg and returns a node that is not running yet.
+func New(cfg Config) (*Node, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("talos node config: %w", err)
+	}
+	return &Node{cfg: c, log: c.Logger, next: make(chan transition, 1)}, nil
+}
+
+// Run boots the node and serves until ctx ends or the machine is shut
+// down through the API (Shutdown, or Reset without reboot); both return
+// nil. Reboots, installs and resets happen inside Run. etcd and
+// kube-apiserver are stopped before Run returns.
+func (n *Node) Run(ctx context.Context) error {
+	if err := os.MkdirAll(n.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	n.spawn = newSpawner()
+	defer n.spawn.close()
+	defer n.stopControlPlane()
+	for {
+		b, err := n.boot(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		var t transition
+		select {
+		case <-ctx.Done():
+			b.stop()
+			n.log.Info("node stopped")
+			return nil
+		case t = <-n.next:
+		}
+		b.stop()
+		n.stopControlPlane()
+		n.mu.Lock()
+		n.pending = false
+		n.mu.Unlock()
+		switch t {
+		case shutdown:
+			n.log.Info("machine powered off")
+			return nil
+		case reset, resetOff:
+			if err := wipe(n.cfg.StateDir); err != nil {
+				return fmt.Errorf("reset: %w", err)
+			}
+			n.log.Info("disk wiped")
+			if t == resetOff {
+				n.log.Info("machine powered off")
+				return nil
+			}
+		}
+		n.log.Info("rebooting", "delay", n.cfg.RebootDelay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(n.cfg.RebootDelay):
+		}
+	}
+}
+
+// request asks for a transition after the current request's reply; false
+// if one is already under way.
+func (n *Node) request(t transition) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.pending {
+		return false
+	}
+	n.pending = true
+	n.next <- t
+	return true
+}
+
+// booted is what one boot serves.
+type booted struct {
+	servers []*grpc.Server
+}
+
+// stop closes the listeners. In-flight requests finish first (so the
+// reply that asked for a reboot reaches its client), but open watches do
+// not hold a reboot up for long.
+func (b *booted) stop() {
+	var wg sync.WaitGroup
+	for _, s := range b.servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := make(chan struct{})
+			go func() { s.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				s.Stop()
+				<-done
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// boot brings the machine up in the mode its disk says.
+func (n *Node) boot(ctx context.Context) (*booted, error) {
+	mc, err := readMachineConfig(n.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	st := newState()
+	hostname, m := n.cfg.Hostname, maintenance
+	if mc != nil {
+		hostname, m = hostnameOf(mc, n.cfg.Hostname), configured
+	}
+	if err := seed(ctx, st, bootResources(n.cfg, hostname, "")...); err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	n.mode, n.machine, n.hostname, n.state = m, mc, hostname, st
+	n.mu.Unlock()
+
+	if m == maintenance {
+		return n.bootMaintenance(ctx, st, hostname)
+	}
+	return n.bootConfigured(ctx, st, mc, hostname)
+}
+
+func (n *Node) bootMaintenance(ctx context.Context, st state.State, hostname string) (*booted, error) {
+	if err := put(ctx, st, machineStatus(runtime.MachineStageMaintenance, true)); err != nil {
+		return nil, err
+	}
+	tlsConfig, err := maintenanceTLS(apiSANs(n.cfg.Address, hostname, nil))
+	if err != nil {
+		return nil, err
+	}
+	srv := n.grpcServer(credentials.NewTLS(tlsConfig), maintenance)
+	machine.RegisterMachineServiceServer(srv, &maintenanceServer{node: n})
+	cosiv1alpha1.RegisterStateServer(srv, cosiserver.NewState(state.Filter(st, readOnly)))
+	if err := n.serve(srv, n.cfg.Port); err != nil {
+		return nil, err
+	}
+	n.log.Info("maintenance mode: waiting for a machine config", "address", n.cfg.hostPort(n.cfg.Port), "hostname", hostname)
+	return &booted{servers: []*grpc.Server{srv}}, nil
+}
+
+func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Provider, hostname string) (*booted, error) {
+	if err := put(ctx, st, machineStatus(runtime.MachineStageBooting, false)); err != nil {
+		return nil, err
+	}
+	sec := mc.Machine().Security()
+	clientCAs, err := osCAPool(sec)
+	if err != nil {
+		return nil, err
+	}
+	names := apiSANs(n.cfg.Address, hostname, sec.CertSANs())
+	controlPlane := mc.Machine().Type().IsControlPlane()
+	b := &booted{}
+
+	var cert, trustdCert *tls.Certificate
+	if canIssue(sec.IssuingCA()) {
+		kp, err := issue(sec.IssuingCA(), hostname, nil, names)
+		if err != nil {
+			return nil, fmt.Errorf("API certificate: %w", err)
+		}
+		cert, trustdCert = kp.Certificate, kp.Certificate
+	} else {
+		// A worker holds no OS CA key: like Talos, it asks a control
+		// plane's trustd for its API certificate and serves nothing until
+		// it has one.
+		n.log.Info("requesting the API certificate from trustd", "endpoint", mc.Cluster().Endpoint().Hostname())
+		cert, err = requestCertificate(ctx, mc, names, n.log)
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	srv := n.grpcServer(credentials.NewTLS(configuredTLS(*cert, clientCAs)), configured)
+	machine.RegisterMachineServiceServer(srv, &configuredServer{node: n})
+	cosiv1alpha1.RegisterStateServer(srv, cosiserver.NewState(state.Filter(st, readOnly)))
+	if err := n.serve(srv, n.cfg.Port); err != nil {
+		return nil, err
+	}
+	b.servers = append(b.servers, srv)
+
+	if controlPlane && trustdCert != nil {
+		td := grpc.NewServer(grpc.Creds(credentials.NewTLS(trustdTLS(*trustdCert))),
+			grpc.ChainUnaryInterceptor(recoverUnary(n.log)))
+		security.RegisterSecurityServiceServer(td, &trustd{ca: sec.IssuingCA(), token: sec.Token(), log: n.log})
+		if err := n.serve(td, TrustdPort); err != nil {
+			b.stop()
+			return nil, err
+		}
+		b.servers = append(b.servers, td)
+	}
+
+	if controlPlane && n.bootstrapped() {
+		if err := n.startControlPlane(mc, hostname); err != nil {
+			b.stop()
+			return nil, err
+		}
+	}
+	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
+		b.stop()
+		return nil, err
+	}
+	n.log.Info("configured mode", "address", n.cfg.hostPort(n.cfg.Port), "hostname", hostname, "type", mc.Machine().Type().String())
+	return b, nil
+}
+
+// serve listens on the node address and serves srv until it is stopped.
+func (n *Node) serve(srv *grpc.Server, port int) error {
+	lis, err := net.Listen("tcp", n.cfg.hostPort(port))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	go func() {
+		if err := srv.Serve(lis); err != nil {
+			n.log.Warn("gRPC server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// bootstrapped reports whether this control plane's etcd was bootstrapped:
+// the marker, or etcd data, is on its disk.
+func (n *Node) bootstrapped() bool {
+	if _, err := os.Stat(filepath.Join(n.cfg.StateDir, BootstrappedFile)); err == nil {
+		return true
+	}
+	entries, _ := os.ReadDir(filepath.Join(n.cfg.StateDir, EtcdDir))
+	return len(entries) > 0
+}
+
+func (n *Node) startControlPlane(mc config.Config, hostname string) error {
+	cp, err := startControlPlane(n.cfg, mc, hostname, n.spawn)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.cp = cp
+	n.mu.Unlock()
+	n.log.Info("etcd and kube-apiserver started", "logs", filepath.Join(n.cfg.StateDir, LogDir))
+	return nil
+}
+
+func (n *Node) stopControlPlane() {
+	n.mu.Lock()
+	cp := n.cp
+	n.cp = nil
+	n.mu.Unlock()
+	if cp != nil {
+		cp.stop()
+		n.log.Info("etcd and kube-apiserver stopped")
+	}
+}
+
+// wipe empties the node's disk, keeping the logs of what ran on it.
+func wipe(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Name() == LogDir {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
