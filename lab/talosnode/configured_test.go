@@ -134,6 +134,18 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		}
 	})
 
+	t.Run("control-plane APIs before bootstrap", func(t *testing.T) {
+		c := configClient(t, tc, n.endpoint())
+		// Talos issues the admin kubeconfig from the config, bootstrapped
+		// or not.
+		if kc, err := c.Kubeconfig(ctx); err != nil || !bytes.Contains(kc, []byte("current-context: admin@lab")) {
+			t.Errorf("Kubeconfig: %v\n%s", err, kc)
+		}
+		if _, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{}); codeOf(err) != "Unavailable" {
+			t.Errorf("EtcdMemberList before bootstrap: %v, want Unavailable", err)
+		}
+	})
+
 	t.Run("roles", func(t *testing.T) {
 		reader := withRole(t, cl, tc, "os:reader")
 		c := configClient(t, reader, n.endpoint())
@@ -267,9 +279,21 @@ func TestWorker(t *testing.T) {
 	if _, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{}); codeOf(err) != "Unimplemented" {
 		t.Errorf("EtcdMemberList on a worker: %v, want Unimplemented", err)
 	}
+
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	worker.waitPowerOff(t)
+	if err := configClient(t, tc, cp.endpoint()).Reset(ctx, false, false); err != nil {
+		t.Fatalf("Reset without reboot: %v", err)
+	}
+	cp.waitPowerOff(t)
+	if _, err := os.Stat(filepath.Join(cp.cfg.StateDir, talosnode.ConfigFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the config survived the reset (stat: %v)", err)
+	}
 }
 
-func waitMaintenance(t *testing.T, n *runningNode) {
+func waitMaintenance(t *testing.T, n node) {
 	t.Helper()
 	eventually(t, 30*time.Second, "maintenance mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -281,7 +305,7 @@ func waitMaintenance(t *testing.T, n *runningNode) {
 	})
 }
 
-func waitConfigured(t *testing.T, n *runningNode, tc *clientconfig.Config) {
+func waitConfigured(t *testing.T, n node, tc *clientconfig.Config) {
 	t.Helper()
 	eventually(t, 30*time.Second, "configured mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -303,7 +327,7 @@ func machineStage(ctx context.Context, c *client.Client) runtime.MachineStage {
 
 // assertConfigured checks what a configured node serves, and that the
 // maintenance (insecure) client no longer gets in.
-func assertConfigured(ctx context.Context, t *testing.T, n *runningNode, tc *clientconfig.Config, hostname string) {
+func assertConfigured(ctx context.Context, t *testing.T, n node, tc *clientconfig.Config, hostname string) {
 	t.Helper()
 	c := configClient(t, tc, n.endpoint())
 	v, err := c.Version(ctx)

@@ -66,7 +66,9 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 	etcdCA := stdx509.NewCertPool()
 	etcdCA.AppendCertsFromPEM(mc.Cluster().Etcd().CA().Crt)
 
-	ctx, cancel := context.WithCancel(context.Background())
+	// kube-apiserver stops first: it holds connections to etcd.
+	etcdCtx, stopEtcd := context.WithCancel(context.Background())
+	apiCtx, stopAPI := context.WithCancel(etcdCtx)
 	cp := &controlPlane{
 		log:     c.Logger,
 		etcdURL: "https://" + c.hostPort(EtcdClientPort),
@@ -78,32 +80,32 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 				MinVersion:   tls.VersionTLS12,
 			}},
 		},
-		cancel: cancel,
 	}
 	etcdArgs := etcdArgs(c, hostname, pki)
 	apiArgs, err := apiServerArgs(c, mc, pki)
 	if err != nil {
-		cancel()
+		stopAPI()
+		stopEtcd()
 		return nil, err
 	}
+	var api sync.WaitGroup
 	cp.wg.Add(1)
 	go func() {
 		defer cp.wg.Done()
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			supervise(ctx, cp.log, spawn, "etcd", c.EtcdBinary, etcdArgs, filepath.Join(c.StateDir, LogDir, "etcd.log"))
-		}()
-		if cp.waitEtcd(ctx) == nil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				supervise(ctx, cp.log, spawn, "kube-apiserver", c.APIServerBinary, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
-			}()
-		}
-		wg.Wait()
+		supervise(etcdCtx, cp.log, spawn, "etcd", c.EtcdBinary, etcdArgs, filepath.Join(c.StateDir, LogDir, "etcd.log"))
 	}()
+	api.Add(1)
+	go func() {
+		defer api.Done()
+		if cp.waitEtcd(apiCtx) == nil {
+			supervise(apiCtx, cp.log, spawn, "kube-apiserver", c.APIServerBinary, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
+		}
+	}()
+	cp.cancel = func() {
+		stopAPI()
+		api.Wait()
+		stopEtcd()
+	}
 	return cp, nil
 }
 
@@ -218,7 +220,7 @@ func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string,
 		return nil, errors.New("the config has no cluster.network.serviceSubnets")
 	}
 	issuer := cl.Endpoint().String()
-	return []string{
+	args := []string{
 		"--advertise-address=" + c.Address.String(),
 		"--bind-address=" + c.Address.String(),
 		"--secure-port=" + strconv.Itoa(port),
@@ -248,7 +250,13 @@ func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string,
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--cert-dir=" + pki.dir,
-	}, nil
+	}
+	if c.Address.IsLoopback() {
+		// The endpoints of the kubernetes Service may not be loopback
+		// addresses; only tests put a node on one.
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	return args, nil
 }
 
 // writePKI writes the certificates etcd and kube-apiserver run with,

@@ -99,6 +99,9 @@ func testMachine(t testing.TB, addr netip.Addr, mac string) talosnode.Config {
 	}
 }
 
+// node is an emulated node under test, in this process or its own.
+type node interface{ endpoint() string }
+
 // runningNode is a node running in the test process.
 type runningNode struct {
 	cfg    talosnode.Config
@@ -136,6 +139,22 @@ func (rn *runningNode) stop(t testing.TB) {
 		}
 	case <-time.After(time.Minute):
 		t.Errorf("node Run did not return within a minute of its context ending")
+	}
+}
+
+// waitPowerOff waits for Run to return on its own, as it does when the
+// machine is shut down through the API.
+func (rn *runningNode) waitPowerOff(t testing.TB) {
+	t.Helper()
+	select {
+	case err := <-rn.done:
+		if err != nil {
+			t.Errorf("node Run: %v", err)
+		}
+		rn.cancel()
+		rn.cancel = nil
+	case <-time.After(30 * time.Second):
+		t.Fatal("the node did not power off")
 	}
 }
 
