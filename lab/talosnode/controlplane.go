@@ -30,16 +30,17 @@ import (
 )
 
 // controlPlane is etcd and kube-apiserver of a bootstrapped control plane,
-// run as child processes the way Talos runs them as static pods: certified
-// by the cluster's CAs from the machine config, listening on the node
-// address only.
+// run as child processes where Talos runs etcd as a system service and
+// kube-apiserver as a static pod: certified by the cluster's CAs from the
+// machine config, listening on the node address only.
 type controlPlane struct {
 	log     *slog.Logger
 	etcdURL string
 	etcd    *http.Client // with an etcd client certificate
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// halt stops kube-apiserver, then etcd; wg waits for etcd's end.
+	halt func()
+	wg   sync.WaitGroup
 }
 
 // controlPlaneFiles are the paths of what etcd and kube-apiserver run with.
@@ -101,7 +102,7 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 			supervise(apiCtx, cp.log, spawn, "kube-apiserver", c.APIServerBinary, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
 		}
 	}()
-	cp.cancel = func() {
+	cp.halt = func() {
 		stopAPI()
 		api.Wait()
 		stopEtcd()
@@ -111,7 +112,7 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 
 // stop stops kube-apiserver and etcd and waits for them to exit.
 func (cp *controlPlane) stop() {
-	cp.cancel()
+	cp.halt()
 	cp.wg.Wait()
 }
 

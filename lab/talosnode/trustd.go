@@ -2,6 +2,7 @@ package talosnode
 
 import (
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -31,7 +32,7 @@ type trustd struct {
 // Certificate signs a CSR with the OS CA, for a caller with the token.
 func (t *trustd) Certificate(ctx context.Context, req *security.CertificateRequest) (*security.CertificateResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if got := md.Get("token"); len(got) == 0 || got[0] != t.token {
+	if got := md.Get("token"); len(got) == 0 || subtle.ConstantTimeCompare([]byte(got[0]), []byte(t.token)) != 1 {
 		return nil, status.Error(codes.Unauthenticated, "Unauthenticated")
 	}
 	crt, err := x509.NewCertificateFromCSRBytes(t.ca.Crt, t.ca.Key, req.GetCsr(),
