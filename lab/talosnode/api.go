@@ -66,7 +66,7 @@ func (s *maintenanceServer) ApplyConfiguration(ctx context.Context, req *machine
 	st := n.currentState()
 	_, warnings, err := loadMachineConfig(ctx, req.GetData(), st)
 	if err != nil {
-		n.log.Info("machine config refused", "err", err)
+		n.log.Info("machine config refused; the client has the reason", "code", status.Code(err).String()) // the reason may quote the config
 		return nil, err
 	}
 	reply := &machine.ApplyConfigurationResponse{Messages: []*machine.ApplyConfiguration{{Warnings: warnings}}}
@@ -119,7 +119,7 @@ func (s *configuredServer) ApplyConfiguration(ctx context.Context, req *machine.
 	}
 	mc, warnings, err := loadMachineConfig(ctx, req.GetData(), n.currentState())
 	if err != nil {
-		n.log.Info("machine config refused", "err", err)
+		n.log.Info("machine config refused; the client has the reason", "code", status.Code(err).String()) // the reason may quote the config
 		return nil, err
 	}
 	msg := &machine.ApplyConfiguration{Warnings: warnings, Mode: req.GetMode()}

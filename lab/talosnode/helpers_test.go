@@ -278,7 +278,7 @@ func (c *cluster) talosconfig(t testing.TB) *clientconfig.Config {
 	return tc
 }
 
-// errIs reports whether err carries a gRPC status with code.
+// codeOf is the gRPC code of err, as Talos's client reads it.
 func codeOf(err error) string {
 	if err == nil {
 		return "OK"

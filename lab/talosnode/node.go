@@ -147,19 +147,6 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 }
 
-// request asks for a transition after the current request's reply; false
-// if one is already under way.
-func (n *Node) request(t transition) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.pending {
-		return false
-	}
-	n.pending = true
-	n.next <- t
-	return true
-}
-
 // booted is what one boot serves.
 type booted struct {
 	servers []*grpc.Server
