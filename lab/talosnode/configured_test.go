@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
@@ -100,12 +101,24 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 	defer cancel()
 	waitMaintenance(t, n)
 
+	// Watch the machine status as talosctl does while it applies.
+	events := make(chan state.Event, 16)
+	if err := insecureClient(t, n.endpoint()).COSI.Watch(ctx, runtime.NewMachineStatus().Metadata(), events); err != nil {
+		t.Fatalf("watch the machine status: %v", err)
+	}
+	if s := nextStage(t, events); s != runtime.MachineStageMaintenance {
+		t.Errorf("watch starts at stage %s, want maintenance", s)
+	}
+
 	resp, err := insecureClient(t, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: data, Mode: machine.ApplyConfigurationRequest_AUTO})
 	if err != nil {
 		t.Fatalf("ApplyConfiguration: %v", err)
 	}
 	if len(resp.GetMessages()) != 1 {
 		t.Fatalf("reply has %d messages, want 1", len(resp.GetMessages()))
+	}
+	if s := nextStage(t, events); s != runtime.MachineStageInstalling {
+		t.Errorf("stage %s after the config was applied, want installing", s)
 	}
 
 	path := filepath.Join(cfg.StateDir, talosnode.ConfigFile)
@@ -298,7 +311,9 @@ func waitMaintenance(t *testing.T, n node) {
 	eventually(t, 30*time.Second, "maintenance mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if s := machineStage(ctx, insecureClient(t, n.endpoint())); s != runtime.MachineStageMaintenance {
+		c := insecureClient(t, n.endpoint())
+		defer c.Close()
+		if s := machineStage(ctx, c); s != runtime.MachineStageMaintenance {
 			return fmt.Errorf("stage %s", s)
 		}
 		return nil
@@ -310,11 +325,29 @@ func waitConfigured(t *testing.T, n node, tc *clientconfig.Config) {
 	eventually(t, 30*time.Second, "configured mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if s := machineStage(ctx, configClient(t, tc, n.endpoint())); s != runtime.MachineStageRunning {
+		c := configClient(t, tc, n.endpoint())
+		defer c.Close()
+		if s := machineStage(ctx, c); s != runtime.MachineStageRunning {
 			return fmt.Errorf("stage %s", s)
 		}
 		return nil
 	})
+}
+
+// nextStage is the stage of the next machine status a watch reports.
+func nextStage(t *testing.T, events <-chan state.Event) runtime.MachineStage {
+	t.Helper()
+	select {
+	case ev := <-events:
+		ms, ok := ev.Resource.(*runtime.MachineStatus)
+		if ev.Type == state.Errored || !ok {
+			t.Fatalf("watch event %v: %v", ev.Type, ev.Error)
+		}
+		return ms.TypedSpec().Stage
+	case <-time.After(30 * time.Second):
+		t.Fatal("no machine status event within 30s")
+	}
+	return runtime.MachineStageUnknown
 }
 
 func machineStage(ctx context.Context, c *client.Client) runtime.MachineStage {
