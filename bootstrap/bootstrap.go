@@ -45,7 +45,8 @@ type Options struct {
 	StateDir string
 	// Inventory lists the machines the netboot server has seen.
 	Inventory func() ([]inventory.Machine, error)
-	// Parallel bounds how many machines get their config at once.
+	// Parallel bounds how many machines install at once (from applying
+	// their config to answering installed).
 	Parallel int
 	// TalosPort is the Talos API port (default 50000).
 	TalosPort int
@@ -86,7 +87,12 @@ type run struct {
 	tc      *clientconfig.Config
 	configs map[string]string // hostname -> config file
 	sem     chan struct{}
-	warned  sync.Map // unknown MACs reported once
+	// cpsApplied is done when every control plane is past applying its
+	// config: workers wait for it, since they get their API certificate
+	// from a control plane (trustd) and must not hold every install slot
+	// while it waits for one.
+	cpsApplied sync.WaitGroup
+	warned     sync.Map // unknown MACs reported once
 }
 
 // Run bootstraps the rack. It returns once the cluster's API answers with
@@ -141,8 +147,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		b.emit(m.Hostname, "")
 	}
 
-	// Every machine installs in parallel; etcd waits for the first
-	// control plane only.
+	// Every machine installs in parallel, control planes first; etcd
+	// waits for the first control plane only.
+	b.cpsApplied.Add(len(r.ControlPlanes()))
 	errs := make(chan error, len(r.Machines))
 	var wg sync.WaitGroup
 	for i := range r.Machines {
@@ -233,6 +240,11 @@ func (b *run) advance(m *rack.Machine, p state.Phase, ip netip.Addr) error {
 
 // install takes one machine to Configured.
 func (b *run) install(ctx context.Context, m *rack.Machine) error {
+	cpApplied := func() {}
+	if m.Role == rack.RoleControlPlane {
+		cpApplied = sync.OnceFunc(b.cpsApplied.Done)
+		defer cpApplied()
+	}
 	n := b.st.Node(m.Hostname)
 	if n.Phase.AtLeast(state.Configured) {
 		return nil
@@ -252,7 +264,20 @@ func (b *run) install(ctx context.Context, m *rack.Machine) error {
 		}
 		return b.advance(m, state.Configured, ip)
 	}
-	if err := b.apply(ctx, m, ip); err != nil {
+	if m.Role != rack.RoleControlPlane {
+		b.cpsApplied.Wait()
+	}
+	// At most Parallel machines install at once: each pulls the installer
+	// image and writes its disk.
+	select {
+	case b.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-b.sem }()
+	err = b.apply(ctx, m, ip)
+	cpApplied()
+	if err != nil {
 		return err
 	}
 	return b.waitConfigured(ctx, m, ip)
@@ -349,12 +374,6 @@ func (b *run) apply(ctx context.Context, m *rack.Machine, ip netip.Addr) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case b.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-b.sem }()
 	c, err := talosapi.Maintenance(ctx, b.endpoint(ip))
 	if err != nil {
 		return err
@@ -534,10 +553,13 @@ func (b *run) secure(ctx context.Context, ip netip.Addr) (*client.Client, error)
 
 func (b *run) endpoint(ip netip.Addr) string { return talosapi.Endpoint(ip, b.opts.TalosPort) }
 
-// poll calls f until it succeeds, ctx ends or the timeout passes.
+// poll calls f until it succeeds, ctx ends or the timeout passes. It
+// retries quickly at first (a node that reboots in seconds is seen at
+// once), then every Poll.
 func (b *run) poll(ctx context.Context, what string, f func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	defer cancel()
+	wait := min(100*time.Millisecond, b.opts.Poll)
 	for {
 		err := f()
 		if err == nil {
@@ -546,8 +568,9 @@ func (b *run) poll(ctx context.Context, what string, f func() error) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waited %s for %s: %w", b.opts.Timeout, what, err)
-		case <-time.After(b.opts.Poll):
+		case <-time.After(wait):
 		}
+		wait = min(wait*2, b.opts.Poll)
 	}
 }
 

@@ -59,7 +59,8 @@ func Secure(ctx context.Context, tc *clientconfig.Config, endpoint string) (*cli
 
 // Facts are what a node tells about its hardware.
 type Facts struct {
-	Version string `json:"version"`
+	// Version is the Talos version; empty in maintenance mode.
+	Version string `json:"version,omitempty"`
 	// Stage is the machine stage: maintenance, booting, running...
 	Stage string `json:"stage"`
 	UUID  string `json:"uuid,omitempty"`
@@ -86,12 +87,17 @@ type Disk struct {
 // ReadFacts reads version and hardware through the Talos API and COSI.
 func ReadFacts(ctx context.Context, c *client.Client) (Facts, error) {
 	var f Facts
+	// Maintenance mode answers Version only to admins (SideroLink), so an
+	// insecure client gets Unimplemented: the version is then unknown.
 	v, err := c.Version(ctx)
-	if err != nil {
+	switch status.Code(err) {
+	case codes.OK:
+		for _, m := range v.GetMessages() {
+			f.Version = m.GetVersion().GetTag()
+		}
+	case codes.Unimplemented:
+	default:
 		return f, fmt.Errorf("version: %w", err)
-	}
-	for _, m := range v.GetMessages() {
-		f.Version = m.GetVersion().GetTag()
 	}
 	ms, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
 	if err != nil {
@@ -171,10 +177,12 @@ func Apply(ctx context.Context, c *client.Client, config []byte) error {
 }
 
 // EtcdMembers lists the etcd members a control plane knows; zero when etcd
-// is not bootstrapped there.
+// is not running there. (Calling Bootstrap on a node whose etcd merely is
+// down is safe: the node refuses, its data directory not being empty.)
 func EtcdMembers(ctx context.Context, c *client.Client) ([]string, error) {
 	resp, err := c.EtcdMemberList(ctx, &machineapi.EtcdMemberListRequest{})
-	if status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.NotFound {
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.NotFound, codes.Unavailable:
 		return nil, nil
 	}
 	if err != nil {

@@ -1,0 +1,426 @@
+//go:build integration
+
+package bootstrap_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
+	"github.com/insomniacslk/dhcp/iana"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/prereq"
+)
+
+// rackRig is a provisioning network in a namespace: a bridge where the
+// netboot server answers, and one veth per machine whose far end is the
+// machine's NIC, with its MAC. Machines are emulated Talos nodes
+// (lab/talosnode) running as processes on their addresses.
+type rackRig struct {
+	t        *testing.T
+	ns       *netnstest.NS
+	dir      string
+	rackFile string
+	stateDir string
+	nodes    []*emuNode
+	assets   string
+}
+
+type emuNode struct {
+	host, role, mac, ip, iface string
+	dir                        string
+	cmd                        *exec.Cmd
+	log                        *lockedBuffer
+}
+
+const rigSubnet = "10.79.0"
+
+// bootstrapLogLine is what the emulated node logs when a Bootstrap call
+// really starts etcd.
+const bootstrapLogLine = "bootstrap: etcd and kube-apiserver started"
+
+func newRackRig(t *testing.T, workers int) *rackRig {
+	t.Helper()
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		prereq.Missing(t, "KUBEBUILDER_ASSETS is not set: run make envtest (the emulated control plane runs a real etcd and kube-apiserver)")
+	}
+	r := &rackRig{t: t, ns: netnstest.New(t, "rack"), dir: t.TempDir(), assets: assets}
+	r.stateDir = filepath.Join(r.dir, "state")
+	r.ns.IP(t, "link", "add", "br0", "type", "bridge")
+	r.ns.IP(t, "addr", "add", rigSubnet+".1/24", "dev", "br0")
+	r.ns.IP(t, "link", "set", "br0", "up")
+
+	var machines strings.Builder
+	add := func(host, role string, i int) {
+		n := &emuNode{host: host, role: role, mac: fmt.Sprintf("52:54:00:79:00:%02x", i), ip: fmt.Sprintf("%s.%d", rigSubnet, 10+i),
+			iface: fmt.Sprintf("n%d", i), dir: filepath.Join(r.dir, "disk-"+host), log: &lockedBuffer{}}
+		r.ns.IP(t, "link", "add", n.iface, "address", n.mac, "type", "veth", "peer", "name", n.iface+"p")
+		r.ns.IP(t, "link", "set", n.iface+"p", "master", "br0", "up")
+		r.ns.IP(t, "link", "set", n.iface, "up")
+		r.nodes = append(r.nodes, n)
+		fmt.Fprintf(&machines, `  - hostname: %s
+    role: %s
+    mac: "%s"
+    install: {disk: /dev/vda}
+    interfaces:
+      - {mac: "%s", addresses: [%s/24]}
+`, host, role, n.mac, n.mac, n.ip)
+	}
+	add("cp1", "controlplane", 1)
+	for i := range workers {
+		add(fmt.Sprintf("w%d", i+1), "worker", i+2)
+	}
+	rackYAML := fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata: {name: itest}
+network:
+  interface: br0
+  subnet: %[1]s.0/24
+  dhcp: {mode: full, range: %[1]s.100-%[1]s.199}
+machines:
+%[2]s`, rigSubnet, machines.String())
+	r.rackFile = filepath.Join(r.dir, "rack.yaml")
+	for name, data := range map[string]string{"rack.yaml": rackYAML, "vmlinuz": "kernel", "initrd": "initramfs"} {
+		if err := os.WriteFile(filepath.Join(r.dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// run is one `cozyctl bootstrap` process.
+type run struct {
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	events chan bootstrap.Event
+	done   chan error
+}
+
+// bootstrap starts `cozyctl bootstrap -o json` in the namespace.
+func (r *rackRig) bootstrap(extra ...string) *run {
+	r.t.Helper()
+	self, _ := os.Executable()
+	args := append([]string{"bootstrap", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json",
+		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
+		"--timeout", "90s", "--log-level", "debug"}, extra...)
+	p := &run{cmd: r.ns.Command(context.Background(), self, args...), stderr: &lockedBuffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
+	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p.cmd.Stderr = p.stderr
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var e bootstrap.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				p.events <- e
+			}
+		}
+		close(p.events)
+		p.done <- p.cmd.Wait()
+	}()
+	r.t.Cleanup(func() { _ = p.cmd.Process.Kill() })
+	return p
+}
+
+// boot netboots every machine: a DHCP exchange from its NIC (which puts
+// it in the server's inventory), its reserved address on the NIC, and the
+// emulated Talos node started on it in maintenance mode.
+func (r *rackRig) boot(ctx context.Context) {
+	r.t.Helper()
+	var wg sync.WaitGroup
+	for _, n := range r.nodes {
+		wg.Go(func() { r.dhcp(ctx, n) })
+	}
+	wg.Wait()
+	for _, n := range r.nodes {
+		r.ns.IP(r.t, "addr", "add", n.ip+"/24", "dev", n.iface)
+		r.start(n)
+	}
+}
+
+func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
+	r.t.Helper()
+	hw, _ := net.ParseMAC(n.mac)
+	for {
+		var lease *nclient4.Lease
+		err := r.ns.Do(func() error {
+			c, err := nclient4.New(n.iface, nclient4.WithHWAddr(hw), nclient4.WithTimeout(300*time.Millisecond), nclient4.WithRetry(1))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			// As a UEFI firmware's PXE client asks (the inventory lists
+			// netboot clients only).
+			lease, err = c.Request(ctx,
+				dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient:Arch:00007:UNDI:003016")),
+				dhcpv4.WithOption(dhcpv4.OptClientArch(iana.EFI_X86_64)))
+			return err
+		})
+		if err == nil {
+			if got := lease.ACK.YourIPAddr.String(); got != n.ip {
+				r.t.Errorf("%s leased %s, want its reserved %s", n.host, got, n.ip)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			r.t.Errorf("%s: no DHCP lease: %v", n.host, err)
+			return
+		}
+	}
+}
+
+// start runs (or restarts) the emulated node with its disk.
+func (r *rackRig) start(n *emuNode) {
+	self, _ := os.Executable()
+	n.cmd = r.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.dir,
+		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms")
+	n.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_TALOS_NODE=1")
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	cmd := n.cmd
+	r.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		if r.t.Failed() {
+			r.t.Logf("node %s log:\n%s", n.host, tail(n.log.String(), 40))
+		}
+	})
+}
+
+// version asks the cluster's API server for /version with the kubeconfig
+// bootstrap wrote, from inside the namespace.
+func (r *rackRig) version(kubeconfig string) (string, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	rc.Dial = r.ns.DialContext
+	rc.Timeout = 10 * time.Second
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return "", err
+	}
+	resp, err := hc.Get(rc.Host + "/version")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	var v struct{ GitVersion string }
+	return v.GitVersion, json.Unmarshal(body, &v)
+}
+
+func (r *rackRig) failLogs(p *run) {
+	if r.t.Failed() {
+		r.t.Logf("bootstrap stderr:\n%s", tail(p.stderr.String(), 60))
+	}
+}
+
+// TestBootstrapRack takes three emulated machines from maintenance mode to
+// a cluster whose kubeconfig answers /version, found through the real
+// netboot server's inventory.
+func TestBootstrapRack(t *testing.T) {
+	r := newRackRig(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.boot(ctx)
+
+	phases := map[string][]state.Phase{}
+	for e := range p.events {
+		if e.Node != "" {
+			if l := phases[e.Node]; len(l) == 0 || l[len(l)-1] != e.Phase {
+				phases[e.Node] = append(l, e.Phase)
+			}
+		}
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	want := map[string]string{
+		"cp1": "pending discovered applied configured etcd ready",
+		"w1":  "pending discovered applied configured ready",
+		"w2":  "pending discovered applied configured ready",
+	}
+	for node, w := range want {
+		if got := phaseList(phases[node]); got != w {
+			t.Errorf("%s went through %q, want %q", node, got, w)
+		}
+	}
+	kubeconfig := filepath.Join(r.stateDir, bootstrap.KubeconfigFile)
+	if fi, err := os.Stat(kubeconfig); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("kubeconfig: %v", err)
+	}
+	v, err := r.version(kubeconfig)
+	if err != nil || !strings.HasPrefix(v, "v1.") {
+		t.Errorf("/version through the cluster endpoint: %q, %v", v, err)
+	}
+	if !strings.Contains(p.stderr.String(), "cluster itest is up") {
+		t.Errorf("no closing line on stderr:\n%s", tail(p.stderr.String(), 5))
+	}
+
+	// Run again: everything is done, nothing is applied or bootstrapped.
+	again := r.bootstrap()
+	for range again.events {
+	}
+	if err := <-again.done; err != nil {
+		t.Fatalf("second run: %v\n%s", err, again.stderr)
+	}
+	if strings.Contains(again.stderr.String(), "config applied") {
+		t.Error("the second run applied configs again")
+	}
+}
+
+func phaseList(ps []state.Phase) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = string(p)
+	}
+	return strings.Join(s, " ")
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestBootstrapCrashResume kills `cozyctl bootstrap` right after each
+// phase in turn and runs it again: every run converges, secrets.yaml never
+// changes, and etcd is bootstrapped once.
+func TestBootstrapCrashResume(t *testing.T) {
+	r := newRackRig(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	secretsPath := filepath.Join(r.stateDir, bootstrap.TalosDir, "secrets.yaml")
+	var secrets []byte
+	seen := map[string]bool{}
+	for i, killAt := range []state.Phase{state.Discovered, state.Applied, state.Configured, state.Bootstrap} {
+		p := r.bootstrap()
+		killed := make(chan bool, 1)
+		go func() {
+			k := false
+			for e := range p.events {
+				key := e.Node + "/" + string(e.Phase)
+				if e.Node != "" && e.Phase == killAt && !seen[key] && !k {
+					_ = p.cmd.Process.Kill()
+					k = true
+				}
+				if e.Node != "" {
+					seen[key] = true
+				}
+			}
+			killed <- k
+		}()
+		if i == 0 {
+			r.boot(ctx)
+		}
+		if !<-killed {
+			r.failLogs(p)
+			t.Fatalf("the run meant to die after %q ended first: %v", killAt, <-p.done)
+		}
+		<-p.done
+		got, err := os.ReadFile(secretsPath)
+		if err != nil {
+			t.Fatalf("after the kill at %s: %v", killAt, err)
+		}
+		if secrets == nil {
+			secrets = got
+		} else if !bytes.Equal(got, secrets) {
+			t.Fatalf("secrets.yaml changed after the kill at %s", killAt)
+		}
+		t.Logf("killed after %s; state: %s", killAt, phasesOf(t, r.stateDir))
+	}
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("the final run: %v", err)
+	}
+	if got, _ := os.ReadFile(secretsPath); !bytes.Equal(got, secrets) {
+		t.Error("secrets.yaml changed in the final run")
+	}
+	if v, err := r.version(filepath.Join(r.stateDir, bootstrap.KubeconfigFile)); err != nil {
+		t.Errorf("/version: %q, %v", v, err)
+	}
+	if n := strings.Count(r.nodes[0].log.String(), bootstrapLogLine); n != 1 {
+		t.Errorf("cp1 bootstrapped etcd %d times, want once", n)
+	}
+}
+
+func phasesOf(t *testing.T, dir string) string {
+	data, err := os.ReadFile(filepath.Join(dir, state.File))
+	if err != nil {
+		return err.Error()
+	}
+	var s state.State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, h := range []string{"cp1", "w1", "w2"} {
+		if n := s.Nodes[h]; n != nil {
+			out = append(out, h+"="+string(n.Phase))
+		}
+	}
+	return strings.Join(out, " ") + " etcd=" + s.EtcdBootstrapped
+}
