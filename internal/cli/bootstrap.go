@@ -130,7 +130,7 @@ changes nothing.`,
 	f.BoolVar(&allowUnknown, "allow-unknown", false, "netboot machines not listed by MAC (needed for machines the rack selects by uuid)")
 	f.BoolVar(&noNetboot, "no-netboot", false, "do not run a netboot server: another one boots the rack (see --inventory)")
 	f.StringVar(&inventoryDir, "inventory", "", "with --no-netboot: that server's --state-dir, whose inventory lists the machines")
-	f.IntVar(&opts.Parallel, "parallel", 8, "machines configured at once")
+	f.IntVar(&opts.Parallel, "parallel", 8, "machines installing at once (config applied, not yet back installed)")
 	f.DurationVar(&opts.Timeout, "timeout", 30*time.Minute, "longest wait for each step (a machine to appear, to install, etcd, the API)")
 	f.IntVar(&opts.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
 	_ = f.MarkHidden("talos-port")
