@@ -357,7 +357,7 @@ func (b *run) confirm(ctx context.Context, m *rack.Machine, ip netip.Addr) error
 	defer cancel()
 	f, err := talosapi.ReadFacts(cctx, c)
 	if err != nil {
-		return fmt.Errorf("Talos API at %s: %w", ip, err)
+		return fmt.Errorf("the Talos API at %s: %w", ip, err)
 	}
 	if m.UUID != "" && f.UUID != "" && !strings.EqualFold(f.UUID, m.UUID) {
 		return fmt.Errorf("the machine at %s has UUID %s, not the rack's %s", ip, f.UUID, m.UUID)

@@ -159,7 +159,7 @@ func (g *Generator) machineConfig(m *rack.Machine) (config.Provider, error) {
 		}
 	}
 	if _, err := cfg.Validate(metal{}, validationOptions...); err != nil {
-		return nil, fmt.Errorf("Talos rejects the config: %w", err)
+		return nil, fmt.Errorf("the config is not valid for Talos: %w", err)
 	}
 	return cfg, nil
 }

@@ -104,7 +104,7 @@ func writeTemp(path string, data []byte) (string, error) {
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	// CreateTemp makes the file 0600 already; say so for the reader.
-	if err := f.Chmod(0o600); err == nil {
+	if err = f.Chmod(0o600); err == nil {
 		if _, err = f.Write(data); err == nil {
 			err = f.Sync()
 		}
