@@ -22,6 +22,7 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/netboot"
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/internal/output"
 	"cozy.dev/cozy/pxe"
 	"cozy.dev/cozy/pxe/inventory"
@@ -115,7 +116,13 @@ changes nothing.`,
 				return fmt.Errorf("%w\nrun the same command again to continue from %s", err, stateDir)
 			}
 			fmt.Fprintf(g.stderr, "cluster %s is up: kubeconfig %s, talosconfig %s\n", r.Metadata.Name, res.Kubeconfig, res.Talosconfig)
-			return nil
+			// The platform layer (Flux) is not part of Cozy yet; bootstrap
+			// stops at the kubeconfig until it is.
+			fmt.Fprintln(g.stderr, "the platform layer is not installed: it is not part of this cozyctl yet")
+			if g.Output == output.JSON {
+				return nil // the events on stdout are the result
+			}
+			return g.Print(nodeTable(res.Nodes))
 		},
 	}
 	f := cmd.Flags()
@@ -137,6 +144,23 @@ changes nothing.`,
 	_ = cmd.MarkFlagRequired("rack")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	return cmd
+}
+
+// nodeTable prints the nodes of a finished bootstrap.
+type nodeTable []state.Node
+
+func (t nodeTable) Header() []string { return []string{"NODE", "ROLE", "MAC", "UUID", "IP", "PHASE"} }
+
+func (t nodeTable) Rows() [][]string {
+	rows := make([][]string, 0, len(t))
+	for _, n := range t {
+		ip := ""
+		if n.IP.IsValid() {
+			ip = n.IP.String()
+		}
+		rows = append(rows, []string{n.Hostname, n.Role, dash(n.MAC), dash(n.UUID), dash(ip), string(n.Phase)})
+	}
+	return rows
 }
 
 // netbootConfig is the rack's netboot server with the boot files given.

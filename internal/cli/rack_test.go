@@ -98,3 +98,41 @@ func TestPXEServeRackErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestBootstrapCommandErrors(t *testing.T) {
+	dir := t.TempDir()
+	ex, _, _ := run("rack", "init")
+	rackFile := filepath.Join(dir, "rack.yaml")
+	if err := os.WriteFile(rackFile, []byte(ex), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{}, `required flag(s) "rack" not set`},
+		{[]string{"--rack", rackFile}, "add --allow-unknown"},
+		{[]string{"--rack", rackFile, "--allow-unknown"}, "factory.talos.dev/image/"},
+		{[]string{"--rack", rackFile, "--no-netboot"}, "--no-netboot needs --inventory"},
+	}
+	for _, tc := range tests {
+		_, stderr, code := run(append([]string{"bootstrap", "--state-dir", filepath.Join(dir, "state")}, tc.args...)...)
+		if code == 0 || !strings.Contains(stderr, tc.wantErr) {
+			t.Errorf("bootstrap %v: exit %d, %s; want %q", tc.args, code, stderr, tc.wantErr)
+		}
+	}
+
+	out, stderr, code := run("bootstrap", "--rack", rackFile, "--dry-run", "-o", "json")
+	var plan struct {
+		Cluster string `json:"cluster"`
+		Nodes   []struct {
+			Hostname, Role, Disk string
+		} `json:"nodes"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &plan) != nil || plan.Cluster != "lab" || len(plan.Nodes) != 4 || plan.Nodes[0].Disk != "/dev/sda" {
+		t.Errorf("dry run: exit %d, %s %s", code, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lab")); !os.IsNotExist(err) {
+		t.Error("the dry run created the default state dir")
+	}
+}
