@@ -30,6 +30,7 @@ import (
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 )
 
 // rackRig is a provisioning network in a namespace: a bridge where the
@@ -50,7 +51,7 @@ type emuNode struct {
 	host, role, mac, ip, iface string
 	dir                        string
 	cmd                        *exec.Cmd
-	log                        *lockedBuffer
+	log                        *syncbuf.Buffer
 }
 
 const rigSubnet = "10.79.0"
@@ -74,7 +75,7 @@ func newRackRig(t *testing.T, workers int) *rackRig {
 	var machines strings.Builder
 	add := func(host, role string, i int) {
 		n := &emuNode{host: host, role: role, mac: fmt.Sprintf("52:54:00:79:00:%02x", i), ip: fmt.Sprintf("%s.%d", rigSubnet, 10+i),
-			iface: fmt.Sprintf("n%d", i), dir: filepath.Join(r.dir, "disk-"+host), log: &lockedBuffer{}}
+			iface: fmt.Sprintf("n%d", i), dir: filepath.Join(r.dir, "disk-"+host), log: &syncbuf.Buffer{}}
 		r.ns.IP(t, "link", "add", n.iface, "address", n.mac, "type", "veth", "peer", "name", n.iface+"p")
 		r.ns.IP(t, "link", "set", n.iface+"p", "master", "br0", "up")
 		r.ns.IP(t, "link", "set", n.iface, "up")
@@ -112,7 +113,7 @@ machines:
 // run is one `cozyctl bootstrap` process.
 type run struct {
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 	events chan bootstrap.Event
 	done   chan error
 }
@@ -124,7 +125,7 @@ func (r *rackRig) bootstrap(extra ...string) *run {
 	args := append([]string{"bootstrap", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json",
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--timeout", "90s", "--log-level", "debug"}, extra...)
-	p := &run{cmd: r.ns.Command(context.Background(), self, args...), stderr: &lockedBuffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
+	p := &run{cmd: r.ns.Command(context.Background(), self, args...), stderr: &syncbuf.Buffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
 	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
@@ -316,23 +317,6 @@ func phaseList(ps []state.Phase) string {
 		s[i] = string(p)
 	}
 	return strings.Join(s, " ")
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func tail(s string, n int) string {

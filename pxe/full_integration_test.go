@@ -16,6 +16,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 )
 
 var fullModeArgs = []string{"--mode", "full", "--range", "10.77.0.100-10.77.0.102", "--allow-unknown",
@@ -74,7 +75,7 @@ func TestFullModeClients(t *testing.T) {
 	// it is stopped once bound.
 	dhclient := r.cli.Command(ctx, "dhclient", "-1", "-d", "-sf", dscript, "-lf", filepath.Join(dir, "leases"),
 		"-pf", filepath.Join(dir, "pid"), "eth0")
-	var dout syncBuffer
+	var dout syncbuf.Buffer
 	dhclient.Stdout, dhclient.Stderr = &dout, &dout
 	if err := dhclient.Start(); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"cozy.dev/cozy/internal/cli"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/pxe/inventory"
 )
@@ -185,7 +185,7 @@ func TestQEMUNetboot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// dnsmasq owns the addresses; Cozy only adds boot information.
-	dnsmasqLog := &syncBuffer{}
+	dnsmasqLog := &syncbuf.Buffer{}
 	dnsmasq := ns.Command(ctx, "dnsmasq", "--keep-in-foreground", "--no-daemon", "--port=0",
 		"--interface=br0", "--bind-interfaces", "--dhcp-range=10.77.1.100,10.77.1.199,255.255.255.0,1h",
 		"--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"), "--no-resolv", "--no-hosts", "--log-dhcp",
@@ -197,7 +197,7 @@ func TestQEMUNetboot(t *testing.T) {
 	defer func() { _ = dnsmasq.Process.Kill(); _ = dnsmasq.Wait() }()
 
 	self, _ := os.Executable()
-	serverLog := &syncBuffer{}
+	serverLog := &syncbuf.Buffer{}
 	state := filepath.Join(dir, "state")
 	args := []string{"pxe", "serve", "--interface", "br0", "--state-dir", state,
 		"--kernel", filepath.Join(assets, "vmlinuz"), "--initrd", initrd,
@@ -219,7 +219,7 @@ func TestQEMUNetboot(t *testing.T) {
 	var qemus []*exec.Cmd
 	for _, v := range vms {
 		q := ns.Command(ctx, "qemu-system-x86_64", v.args(t, dir)...)
-		q.Stderr = &syncBuffer{}
+		q.Stderr = &syncbuf.Buffer{}
 		if err := q.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -340,22 +340,4 @@ func keys(m map[string]*vm) []string {
 		out = append(out, k)
 	}
 	return out
-}
-
-// syncBuffer is a bytes.Buffer safe for a process writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

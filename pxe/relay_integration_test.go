@@ -13,6 +13,7 @@ import (
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 )
 
 // TestFullModeThroughRelay serves a network the server is not on, through
@@ -40,7 +41,7 @@ func TestFullModeThroughRelay(t *testing.T) {
 	defer cancel()
 	dhcrelay := relay.Command(ctx, "dhcrelay", "-4", "-d", "-a", "-pf", filepath.Join(dir, "dhcrelay.pid"),
 		"-iu", "up0", "-id", "down0", serverAddr)
-	var relayLog syncBuffer
+	var relayLog syncbuf.Buffer
 	dhcrelay.Stdout, dhcrelay.Stderr = &relayLog, &relayLog
 	if err := dhcrelay.Start(); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/pin/tftp/v3"
 
 	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/syncbuf"
 )
 
 const (
@@ -38,7 +39,7 @@ type rig struct {
 	httpFrom *netnstest.NS
 	dir      string // files served
 	state    string // the server's --state-dir
-	stderr   *syncBuffer
+	stderr   *syncbuf.Buffer
 	kernel   []byte
 }
 
@@ -63,7 +64,7 @@ func newRig(t *testing.T) *rig {
 type proc struct {
 	cmd    *exec.Cmd
 	exited chan error
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   bool
 }
 
@@ -82,7 +83,7 @@ func (r *rig) start(t *testing.T, extra ...string) *proc {
 		"--cmdline", "console=ttyS0",
 		"--ipxe-bios", filepath.Join(r.dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(r.dir, "ipxe.efi"),
 	}, extra...)
-	p := &proc{cmd: r.srv.Command(context.Background(), self, args...), exited: make(chan error, 1), stderr: &syncBuffer{}}
+	p := &proc{cmd: r.srv.Command(context.Background(), self, args...), exited: make(chan error, 1), stderr: &syncbuf.Buffer{}}
 	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
