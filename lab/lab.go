@@ -1,0 +1,226 @@
+// Package lab builds a rack out of QEMU virtual machines on one Linux host:
+// a network namespace with a bridge and one tap per VM, VMs that netboot
+// (BIOS through SeaBIOS's iPXE ROM, UEFI through OVMF's own PXE) from
+// Cozy's netboot server, and `cozyctl bootstrap` taking them to a cluster.
+// Nothing leaves the namespace: no routes, no NAT.
+//
+// This file is the pure part: what a lab of a given shape is made of (its
+// machines, addresses, MACs, firmware) and the rack file that describes
+// it. qemu.go starts and stops VMs, network.go builds the namespace.
+package lab
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Firmware choices for a lab.
+const (
+	FirmwareBIOS  = "bios"
+	FirmwareUEFI  = "uefi"
+	FirmwareMixed = "mixed"
+)
+
+// Config is the shape of a lab, as `cozyctl lab up` takes it.
+type Config struct {
+	Name          string
+	Nodes         int
+	ControlPlanes int
+	// Firmware is bios, uefi or mixed (alternating, first node BIOS).
+	Firmware string
+	// Image is emulated (the emulated Talos node) or talos.
+	Image string
+	// MemoryMiB per VM.
+	MemoryMiB int
+	// DiskGiB is each VM's system disk (a sparse qcow2).
+	DiskGiB int
+	// Dir holds the lab's rack file, disks, serial logs and state.
+	Dir string
+	// Accel is auto, kvm or tcg.
+	Accel string
+}
+
+// Defaults for a lab; `cozyctl lab up --help` shows them.
+const (
+	DefaultName      = "cozy"
+	DefaultNodes     = 3
+	DefaultMemoryMiB = 2048
+	DefaultDiskGiB   = 8
+)
+
+var labName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$`)
+
+// DefaultDir is where labs live unless --dir says otherwise.
+func DefaultDir(name string) string {
+	base := os.Getenv("XDG_STATE_HOME")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			home = "/root"
+		}
+		base = filepath.Join(home, ".local", "state")
+	}
+	return filepath.Join(base, "cozy", "labs", name)
+}
+
+// SetDefaults fills what c leaves out and checks the rest.
+func (c *Config) SetDefaults() error {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if !labName.MatchString(c.Name) {
+		return fmt.Errorf("lab name %q: use at most 15 lower-case letters, digits and '-'", c.Name)
+	}
+	if c.Nodes == 0 {
+		c.Nodes = DefaultNodes
+	}
+	if c.ControlPlanes == 0 {
+		c.ControlPlanes = 1
+	}
+	if c.Firmware == "" {
+		c.Firmware = FirmwareMixed
+	}
+	if c.Image == "" {
+		c.Image = "emulated"
+	}
+	if c.MemoryMiB == 0 {
+		c.MemoryMiB = DefaultMemoryMiB
+	}
+	if c.DiskGiB == 0 {
+		c.DiskGiB = DefaultDiskGiB
+	}
+	if c.Dir == "" {
+		c.Dir = DefaultDir(c.Name)
+	}
+	if c.Accel == "" {
+		c.Accel = "auto"
+	}
+	var errs []error
+	if c.ControlPlanes != 1 && c.ControlPlanes != 3 {
+		errs = append(errs, fmt.Errorf("--controlplanes %d: use 1 or 3", c.ControlPlanes))
+	}
+	if c.Nodes < c.ControlPlanes || c.Nodes > 60 {
+		errs = append(errs, fmt.Errorf("--nodes %d: between the control planes (%d) and 60", c.Nodes, c.ControlPlanes))
+	}
+	switch c.Firmware {
+	case FirmwareBIOS, FirmwareUEFI, FirmwareMixed:
+	default:
+		errs = append(errs, fmt.Errorf("--firmware %q: use bios, uefi or mixed", c.Firmware))
+	}
+	switch c.Image {
+	case "emulated":
+	case "talos":
+		errs = append(errs, errors.New("--image talos needs the Talos Image Factory, which this machine cannot reach; use --image emulated"))
+	default:
+		errs = append(errs, fmt.Errorf("--image %q: use emulated or talos", c.Image))
+	}
+	switch c.Accel {
+	case "auto", "kvm", "tcg":
+	default:
+		errs = append(errs, fmt.Errorf("--accel %q: use auto, kvm or tcg", c.Accel))
+	}
+	if c.MemoryMiB < 512 {
+		errs = append(errs, fmt.Errorf("--memory %d: at least 512 MiB", c.MemoryMiB))
+	}
+	return errors.Join(errs...)
+}
+
+// Network plan of every lab: its own namespace, so the same addresses in
+// every lab never meet.
+var (
+	Subnet   = netip.MustParsePrefix("192.168.77.0/24")
+	ServerIP = netip.MustParseAddr("192.168.77.1")
+	// RangeFrom-RangeTo is the DHCP pool for anything not in the rack.
+	RangeFrom = netip.MustParseAddr("192.168.77.100")
+	RangeTo   = netip.MustParseAddr("192.168.77.199")
+)
+
+// Bridge is the namespace's bridge, where the netboot server answers.
+const Bridge = "br0"
+
+// Machine is one VM of the lab.
+type Machine struct {
+	Name     string           `json:"name"`
+	Role     string           `json:"role"`
+	Firmware string           `json:"firmware"`
+	MAC      net.HardwareAddr `json:"-"`
+	MACText  string           `json:"mac"`
+	UUID     string           `json:"uuid"`
+	IP       netip.Addr       `json:"ip"`
+	Tap      string           `json:"tap"`
+}
+
+// Machines lists the lab's VMs: control planes cp1.., then workers w1..,
+// with MACs and UUIDs derived from the lab name, so a lab rebuilt with the
+// same name has the same machines.
+func (c *Config) Machines() []Machine {
+	out := make([]Machine, 0, c.Nodes)
+	for i := range c.Nodes {
+		m := Machine{Role: "worker", Name: fmt.Sprintf("w%d", i-c.ControlPlanes+1)}
+		if i < c.ControlPlanes {
+			m.Role, m.Name = "controlplane", fmt.Sprintf("cp%d", i+1)
+		}
+		switch {
+		case c.Firmware == FirmwareMixed && i%2 == 1, c.Firmware == FirmwareUEFI:
+			m.Firmware = FirmwareUEFI
+		default:
+			m.Firmware = FirmwareBIOS
+		}
+		sum := sha256.Sum256([]byte(c.Name))
+		m.MAC = net.HardwareAddr{0x52, 0x54, 0x00, 0xc0, sum[0], byte(i + 1)}
+		m.MACText = m.MAC.String()
+		u := sha256.Sum256(fmt.Appendf(nil, "cozy-lab/%s/%d", c.Name, i))
+		u[6] = u[6]&0x0f | 0x50 // a name-based UUID (RFC 4122 version 5 layout)
+		u[8] = u[8]&0x3f | 0x80
+		m.UUID = fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+		m.IP = netip.AddrFrom4([4]byte{192, 168, 77, byte(11 + i)})
+		m.Tap = fmt.Sprintf("tap%d", i)
+		out = append(out, m)
+	}
+	return out
+}
+
+// Rack is the rack file of the lab: the user can read it, edit it and rerun
+// `cozyctl bootstrap` by hand.
+func (c *Config) Rack() []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `# The rack of lab %[1]q, written by cozyctl lab up: QEMU VMs on the bridge
+# %[2]s in network namespace %[3]s. Rerun the bootstrap by hand with
+#   ip netns exec %[3]s cozyctl bootstrap --rack %[4]s ...
+# (cozyctl lab up prints the whole command).
+apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata:
+  name: %[1]s
+network:
+  interface: %[2]s
+  subnet: %[5]s
+  dhcp:
+    mode: full               # the lab's netboot server is its only DHCP server
+    range: %[6]s-%[7]s
+machines:
+`, c.Name, Bridge, Namespace(c.Name), filepath.Join(c.Dir, "rack.yaml"), Subnet, RangeFrom, RangeTo)
+	for _, m := range c.Machines() {
+		fmt.Fprintf(&b, `  - hostname: %s
+    role: %s
+    mac: "%s"                # %s firmware
+    uuid: %s
+    install:
+      disk: /dev/vda
+    interfaces:
+      - mac: "%s"
+        addresses: [%s/%d]
+`, m.Name, m.Role, m.MACText, m.Firmware, m.UUID, m.MACText, m.IP, Subnet.Bits())
+	}
+	return []byte(b.String())
+}
+
+// Namespace is the network namespace of lab name.
+func Namespace(name string) string { return "cozy-lab-" + name }

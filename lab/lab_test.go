@@ -1,0 +1,112 @@
+package lab
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/bootstrap/rack"
+)
+
+func TestMachines(t *testing.T) {
+	c := Config{Name: "t", Nodes: 5, ControlPlanes: 3, Firmware: FirmwareMixed}
+	ms := c.Machines()
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.Name+"/"+m.Role+"/"+m.Firmware+"/"+m.IP.String()+"/"+m.Tap)
+	}
+	want := []string{
+		"cp1/controlplane/bios/192.168.77.11/tap0",
+		"cp2/controlplane/uefi/192.168.77.12/tap1",
+		"cp3/controlplane/bios/192.168.77.13/tap2",
+		"w1/worker/uefi/192.168.77.14/tap3",
+		"w2/worker/bios/192.168.77.15/tap4",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("machines:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	again := c.Machines()
+	other := (&Config{Name: "u", Nodes: 5, ControlPlanes: 3}).Machines()
+	for i := range ms {
+		if ms[i].MACText != again[i].MACText || ms[i].UUID != again[i].UUID {
+			t.Errorf("machine %d is not the same on a rebuild", i)
+		}
+		if ms[i].MACText == other[i].MACText || ms[i].UUID == other[i].UUID {
+			t.Errorf("machine %d of two labs share a MAC or UUID", i)
+		}
+	}
+}
+
+// The rack a lab writes is valid and describes its machines.
+func TestRackValidates(t *testing.T) {
+	for _, fw := range []string{FirmwareBIOS, FirmwareUEFI, FirmwareMixed} {
+		c := Config{Name: "lab-" + fw, Nodes: 4, ControlPlanes: 3, Firmware: fw, Dir: "/tmp/lab"}
+		if err := c.SetDefaults(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", fw, err, c.Rack())
+		}
+		if len(r.ControlPlanes()) != 3 || len(r.Workers()) != 1 || r.Network.DHCP.Mode != "full" || r.Cluster.Endpoint != "https://192.168.77.11:6443" {
+			t.Errorf("%s: %+v", fw, r)
+		}
+	}
+}
+
+func TestSetDefaults(t *testing.T) {
+	tests := []struct {
+		c       Config
+		wantErr string
+	}{
+		{Config{}, ""},
+		{Config{Name: "Bad_Name"}, "lab name"},
+		{Config{ControlPlanes: 2}, "--controlplanes 2"},
+		{Config{Nodes: 2, ControlPlanes: 3}, "--nodes 2"},
+		{Config{Firmware: "coreboot"}, "--firmware"},
+		{Config{Image: "talos"}, "cannot reach"},
+		{Config{Accel: "hvf"}, "--accel"},
+		{Config{MemoryMiB: 128}, "--memory"},
+	}
+	for _, tt := range tests {
+		err := tt.c.SetDefaults()
+		if (tt.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%+v: %v, want %q", tt.c, err, tt.wantErr)
+		}
+	}
+	c := Config{}
+	_ = c.SetDefaults()
+	if c.Name != "cozy" || c.Nodes != 3 || c.Firmware != "mixed" || c.Accel != "auto" || !strings.HasSuffix(c.Dir, "cozy/labs/cozy") {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestQEMUArgs(t *testing.T) {
+	c := Config{Name: "q", Nodes: 2, ControlPlanes: 1, Firmware: FirmwareMixed, MemoryMiB: 1024, Dir: "/labs/q"}
+	ms := c.Machines()
+	tests := []struct {
+		m         Machine
+		want, not []string
+	}{
+		{ms[0], []string{"-machine pc", "-accel tcg", "-m 1024", "mac=" + ms[0].MACText, "ifname=tap0", "-boot order=n",
+			"file=/labs/q/vms/cp1/disk.qcow2,format=qcow2,if=virtio", "-serial file:/labs/q/vms/cp1/serial.log", "-uuid " + ms[0].UUID}, []string{"pflash", "romfile="}},
+		{ms[1], []string{"-machine q35", ",romfile=", "file=" + OVMFCode, "file=/labs/q/vms/w1/OVMF_VARS.fd"}, nil},
+	}
+	for _, tt := range tests {
+		line := strings.Join(c.qemuArgs(tt.m, "tcg"), " ")
+		for _, w := range tt.want {
+			if !strings.Contains(line, w) {
+				t.Errorf("%s: %q missing from\n%s", tt.m.Name, w, line)
+			}
+		}
+		for _, n := range tt.not {
+			if strings.Contains(line, n) {
+				t.Errorf("%s: %q should not be in\n%s", tt.m.Name, n, line)
+			}
+		}
+	}
+	args := strings.Join(c.BootstrapArgs(Image{Kernel: "/k", Initrds: []string{"/i"}, Cmdline: "console=ttyS0"}), " ")
+	if args != "bootstrap --rack /labs/q/rack.yaml --state-dir /labs/q/state --kernel /k --server-ip 192.168.77.1 --initrd /i --cmdline console=ttyS0" {
+		t.Errorf("bootstrap args: %s", args)
+	}
+}

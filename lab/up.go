@@ -1,0 +1,213 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/state"
+)
+
+// Files in a lab's dir besides vms/.
+const (
+	ConfigFile = "lab.json"
+	RackFile   = "rack.yaml"
+	StateDir   = "state" // cozyctl bootstrap's state dir
+)
+
+// Image is what the lab's machines netboot: a kernel, initramfs and
+// command line.
+type Image struct {
+	Kernel  string
+	Initrds []string
+	Cmdline string
+}
+
+// UpOptions are the tools Up works with.
+type UpOptions struct {
+	// Cozyctl is the cozyctl binary run inside the namespace for the
+	// bootstrap (usually os.Executable()).
+	Cozyctl string
+	// Image builds or finds the node image.
+	Image func(ctx context.Context) (Image, error)
+	// Stderr receives the bootstrap's progress.
+	Stderr io.Writer
+	// Timeout bounds each bootstrap wait (cozyctl bootstrap --timeout).
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+// PhaseTime is how long one step of `lab up` took.
+type PhaseTime struct {
+	Phase string        `json:"phase"`
+	Took  time.Duration `json:"took"`
+}
+
+// Result is what `lab up` reports.
+type Result struct {
+	Name       string        `json:"name"`
+	Dir        string        `json:"dir"`
+	Namespace  string        `json:"namespace"`
+	Accel      string        `json:"accel"`
+	Kubeconfig string        `json:"kubeconfig"`
+	Phases     []PhaseTime   `json:"phases"`
+	Total      time.Duration `json:"total"`
+}
+
+// Up builds the lab and bootstraps it. On failure the lab is left as it
+// is, to be looked at (`cozyctl lab status`, `lab console`) and removed
+// with Down.
+func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	start := time.Now()
+	res := &Result{Name: c.Name, Dir: c.Dir, Namespace: Namespace(c.Name)}
+	step := func(name string, f func() error) error {
+		t := time.Now()
+		o.Log.Info("lab: " + name)
+		err := f()
+		res.Phases = append(res.Phases, PhaseTime{Phase: name, Took: time.Since(t).Round(10 * time.Millisecond)})
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	}
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgJSON, _ := json.MarshalIndent(c, "", "  ")
+	if err := os.WriteFile(filepath.Join(c.Dir, ConfigFile), append(cfgJSON, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	rackPath := filepath.Join(c.Dir, RackFile)
+	if err := os.WriteFile(rackPath, c.Rack(), 0o644); err != nil {
+		return nil, err
+	}
+	var img Image
+	if err := step("node image", func() (err error) { img, err = o.Image(ctx); return err }); err != nil {
+		return res, err
+	}
+	if err := step("accelerator", func() (err error) { res.Accel, err = chooseAccel(ctx, c.Accel, img.Kernel); return err }); err != nil {
+		return res, err
+	}
+	machines := c.Machines()
+	if err := step("network", func() error { return createNetwork(ctx, c.Name, machines) }); err != nil {
+		return res, err
+	}
+	if err := step("vms", func() error {
+		for _, m := range machines {
+			if err := c.startVM(ctx, m, res.Accel); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return res, err
+	}
+	args := c.BootstrapArgs(img)
+	if o.Timeout > 0 {
+		args = append(args, "--timeout", o.Timeout.String())
+	}
+	if err := step("bootstrap", func() error {
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace(c.Name), o.Cozyctl}, args...)...)
+		cmd.Stdout, cmd.Stderr = o.Stderr, o.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("cozyctl bootstrap: %w (serial logs: cozyctl lab console NODE --name %s)", err, c.Name)
+		}
+		return nil
+	}); err != nil {
+		return res, err
+	}
+	res.Kubeconfig = filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
+	res.Total = time.Since(start).Round(10 * time.Millisecond)
+	return res, nil
+}
+
+// BootstrapArgs is the `cozyctl bootstrap` command line of the lab, run
+// inside its namespace.
+func (c *Config) BootstrapArgs(img Image) []string {
+	args := []string{"bootstrap", "--rack", filepath.Join(c.Dir, RackFile), "--state-dir", filepath.Join(c.Dir, StateDir),
+		"--kernel", img.Kernel, "--server-ip", ServerIP.String()}
+	for _, i := range img.Initrds {
+		args = append(args, "--initrd", i)
+	}
+	if img.Cmdline != "" {
+		args = append(args, "--cmdline", img.Cmdline)
+	}
+	return args
+}
+
+// Load reads the config of the lab kept in dir.
+func Load(dir string) (*Config, error) {
+	data, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return nil, fmt.Errorf("no lab in %s: %w", dir, err)
+	}
+	var c Config
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ConfigFile), err)
+	}
+	c.Dir = dir
+	return &c, nil
+}
+
+// Down stops the lab's VMs and removes its namespace (with its bridge and
+// taps) and every process left in it. The lab's dir (disks, serial logs,
+// state) stays unless purge is set. Running it twice is harmless.
+func Down(ctx context.Context, c *Config, purge bool) error {
+	for _, m := range c.Machines() {
+		c.stopVM(m)
+	}
+	if err := deleteNetwork(ctx, c.Name); err != nil {
+		return err
+	}
+	if purge {
+		return os.RemoveAll(c.Dir)
+	}
+	return nil
+}
+
+// NodeStatus is one line of `lab status`.
+type NodeStatus struct {
+	Machine
+	VM    string      `json:"vm"`
+	Phase state.Phase `json:"phase,omitempty"`
+}
+
+// Status reports the lab's VMs and how far bootstrap took each.
+func Status(c *Config) ([]NodeStatus, error) {
+	var st state.State
+	if data, err := os.ReadFile(filepath.Join(c.Dir, StateDir, state.File)); err == nil {
+		_ = json.Unmarshal(data, &st)
+	}
+	var out []NodeStatus
+	for _, m := range c.Machines() {
+		ns := NodeStatus{Machine: m, VM: c.VMStatus(m)}
+		if n, ok := st.Nodes[m.Name]; ok {
+			ns.Phase = n.Phase
+		}
+		out = append(out, ns)
+	}
+	return out, nil
+}
+
+// Console returns the path of a node's serial log.
+func Console(c *Config, node string) (string, error) {
+	var names []string
+	for _, m := range c.Machines() {
+		if m.Name == node {
+			return c.files(m).serial(), nil
+		}
+		names = append(names, m.Name)
+	}
+	return "", fmt.Errorf("lab %s has no node %q: it has %s", c.Name, node, strings.Join(names, ", "))
+}
