@@ -8,7 +8,9 @@
 //	    --mac 52:54:00:00:00:01 --uuid 6f1c... --disk vda:20GiB:virtio
 //
 // It runs until SIGTERM or SIGINT, or until the machine is shut down
-// through the API.
+// through the API. With --reboot=exit it also exits when the machine
+// should reboot, with status 10 (talosnode.RebootExitCode), so a VM's init
+// can reboot the VM; it exits 0 when the machine should power off.
 package main
 
 import (
@@ -51,7 +53,11 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := node.Run(ctx); err != nil {
+	err = node.Run(ctx)
+	switch {
+	case errors.Is(err, talosnode.ErrReboot):
+		return talosnode.RebootExitCode
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "cozy-talos-node:", err)
 		return 1
 	}

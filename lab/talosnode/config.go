@@ -64,8 +64,53 @@ type Config struct {
 	// RebootDelay is how long an install or reboot takes; 0 means
 	// DefaultRebootDelay.
 	RebootDelay time.Duration
+	// Reboot says who carries out a reboot (after an install, Reboot, or
+	// Reset with reboot): the node itself (RebootInProcess, the default)
+	// or the machine it runs on (RebootExit).
+	Reboot RebootMode
 	// Logger receives the node's log; nil discards it.
 	Logger *slog.Logger
+}
+
+// RebootMode says who carries out the node's reboots.
+type RebootMode string
+
+const (
+	// RebootInProcess: the API goes away for RebootDelay and the node
+	// boots again inside Run, from its state dir. For nodes run as
+	// processes.
+	RebootInProcess RebootMode = "process"
+	// RebootExit: Run returns ErrReboot once the reply is out (and a
+	// reset's wipe is done), and whatever runs the node reboots the
+	// machine; the next boot finds the config on the disk. For nodes
+	// that are a VM's whole userland (lab/nodeimage).
+	RebootExit RebootMode = "exit"
+)
+
+// ErrReboot is what Run returns, with RebootExit, when the machine
+// should reboot.
+var ErrReboot = errors.New("the machine reboots")
+
+// RebootExitCode is the exit status of cozy-talos-node --reboot=exit
+// when the machine should reboot; it exits 0 when the machine should
+// power off.
+const RebootExitCode = 10
+
+// Set parses a flag value.
+func (m *RebootMode) Set(s string) error {
+	switch RebootMode(s) {
+	case RebootInProcess, RebootExit:
+		*m = RebootMode(s)
+		return nil
+	}
+	return fmt.Errorf("%q: want %s or %s", s, RebootInProcess, RebootExit)
+}
+
+func (m *RebootMode) String() string {
+	if m == nil || *m == "" {
+		return string(RebootInProcess)
+	}
+	return string(*m)
 }
 
 // Disk is a block device of the emulated machine.
@@ -166,6 +211,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RebootDelay == 0 {
 		c.RebootDelay = DefaultRebootDelay
 	}
+	switch c.Reboot {
+	case "":
+		c.Reboot = RebootInProcess
+	case RebootInProcess, RebootExit:
+	default:
+		errs = append(errs, fmt.Errorf("reboot %q: want %s or %s", c.Reboot, RebootInProcess, RebootExit))
+	}
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if c.EtcdBinary == "" {
 		c.EtcdBinary = "etcd"
@@ -197,6 +249,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdBinary, "etcd", "", "etcd binary (default $KUBEBUILDER_ASSETS/etcd, else etcd from PATH)")
 	fs.StringVar(&c.APIServerBinary, "kube-apiserver", "", "kube-apiserver binary (default $KUBEBUILDER_ASSETS/kube-apiserver, else from PATH)")
 	fs.DurationVar(&c.RebootDelay, "reboot-delay", DefaultRebootDelay, "how long an emulated install or reboot takes")
+	fs.Var(&c.Reboot, "reboot", fmt.Sprintf("who reboots the machine: %s (the node, after --reboot-delay) or %s (the node exits with status %d and its VM reboots; power-off exits 0)",
+		RebootInProcess, RebootExit, RebootExitCode))
 }
 
 type addressFlag struct{ c *Config }

@@ -63,12 +63,13 @@ func TestFlags(t *testing.T) {
 			args: []string{"--address", "10.0.0.11/24", "--port", "50010", "--state-dir", "/var/lib/node", "--hostname", "spare",
 				"--mac", "52:54:00:00:00:01", "--mac", "52:54:00:00:00:02", "--uuid", "u-1",
 				"--disk", "vda:20GiB:virtio", "--disk", "vdb:1TiB", "--etcd", "/bin/etcd", "--kube-apiserver", "/bin/kube-apiserver",
-				"--reboot-delay", "5s"},
+				"--reboot-delay", "5s", "--reboot", "exit"},
 			want: talosnode.Config{
 				Address: netip.MustParseAddr("10.0.0.11"), PrefixLength: 24, Port: 50010, StateDir: "/var/lib/node", Hostname: "spare",
 				MACs: []net.HardwareAddr{mac("52:54:00:00:00:01"), mac("52:54:00:00:00:02")}, UUID: "u-1",
 				Disks:      []talosnode.Disk{{Name: "vda", Size: 20 << 30, Transport: "virtio"}, {Name: "vdb", Size: 1 << 40, Transport: "virtio"}},
 				EtcdBinary: "/bin/etcd", APIServerBinary: "/bin/kube-apiserver", RebootDelay: 5 * time.Second,
+				Reboot: talosnode.RebootExit,
 			},
 		},
 		{
@@ -82,6 +83,7 @@ func TestFlags(t *testing.T) {
 		{name: "bad address", args: []string{"--address", "node1"}, err: "not an IP address"},
 		{name: "bad MAC", args: []string{"--mac", "52:54:00"}, err: "not a MAC address"},
 		{name: "bad disk", args: []string{"--disk", "vda"}, err: "NAME:SIZE"},
+		{name: "bad reboot mode", args: []string{"--reboot", "kexec"}, err: "want process or exit"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,6 +117,7 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 		{"no address", talosnode.Config{StateDir: "d", MACs: []net.HardwareAddr{{0x52, 0x54, 0, 0, 0, 1}}}, "address"},
 		{"no disk dir", talosnode.Config{Address: netip.MustParseAddr("127.0.0.2"), MACs: []net.HardwareAddr{{0x52, 0x54, 0, 0, 0, 1}}}, "state dir"},
 		{"no NIC", talosnode.Config{Address: netip.MustParseAddr("127.0.0.2"), StateDir: "d"}, "at least one NIC"},
+		{"unknown reboot mode", talosnode.Config{Address: netip.MustParseAddr("127.0.0.2"), StateDir: "d", MACs: []net.HardwareAddr{{0x52, 0x54, 0, 0, 0, 1}}, Reboot: "kexec"}, "reboot"},
 		{"prefix too long", talosnode.Config{Address: netip.MustParseAddr("127.0.0.2"), PrefixLength: 33, StateDir: "d", MACs: []net.HardwareAddr{{0x52, 0x54, 0, 0, 0, 1}}}, "prefix length"},
 	}
 	for _, tc := range tests {

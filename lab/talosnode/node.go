@@ -94,7 +94,8 @@ func New(cfg Config) (*Node, error) {
 
 // Run boots the node and serves until ctx ends or the machine is shut
 // down through the API (Shutdown, or Reset without reboot); both return
-// nil. Reboots, installs and resets happen inside Run. etcd and
+// nil. Reboots, installs and resets happen inside Run, unless the config
+// says RebootExit: then Run returns ErrReboot for each. etcd and
 // kube-apiserver are stopped before Run returns.
 func (n *Node) Run(ctx context.Context) error {
 	if err := os.MkdirAll(n.cfg.StateDir, 0o700); err != nil {
@@ -137,6 +138,10 @@ func (n *Node) Run(ctx context.Context) error {
 				n.log.Info("machine powered off")
 				return nil
 			}
+		}
+		if n.cfg.Reboot == RebootExit {
+			n.log.Info("rebooting: the machine takes over")
+			return ErrReboot
 		}
 		n.log.Info("rebooting", "delay", n.cfg.RebootDelay)
 		select {
