@@ -4,7 +4,8 @@
 # with dpkg -x, never installed. Prints a directory holding:
 #
 #   vmlinuz            the kernel
-#   modules/*.ko       the virtio NIC drivers, in load order (modules.order)
+#   modules/*.ko       the virtio NIC and disk drivers and ext4 (modules
+#                      in Debian's kernel), in load order (modules.order)
 #
 # Cached in $COZY_CACHE_DIR/boot/<package>_<version>; a cached copy returns
 # at once. Written to a temporary directory and renamed, so an interrupted
@@ -28,7 +29,7 @@ if ! kernel_package; then
 	kernel_package || { log "apt has no linux-image-amd64"; exit 1; }
 fi
 # Bump layout when what this script extracts changes.
-layout=2
+layout=3
 out="$cache_root/boot/${pkg}_${version}_v${layout}"
 if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
 	echo "$out"
@@ -52,12 +53,17 @@ dpkg -x "$work"/*.deb "$work/x"
 mkdir -p "$work/out/modules"
 cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
 moddir="$(echo "$work"/x/lib/modules/*)"
-# virtio-net and what it depends on, in dependency order (modules.dep of
-# this kernel: virtio needs virtio_ring's symbols, and so on).
+# virtio-net, virtio-blk and ext4 (which also mounts ext2) with what they
+# depend on, in dependency order: the modules' own depends= and softdep=
+# (the package ships no modules.dep). virtio needs virtio_ring's symbols;
+# ext4 needs jbd2, mbcache and crc16, and crc32c through the crypto API
+# (crc32c_generic: crc32c-intel needs SSE4.2, which TCG's default CPU
+# lacks).
 for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
 	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
 	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
-	drivers/net/virtio_net.ko; do
+	drivers/net/virtio_net.ko drivers/block/virtio_blk.ko \
+	crypto/crc32c_generic.ko lib/crc16.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko; do
 	cp "$moddir/kernel/$m" "$work/out/modules/"
 	basename "$m" >>"$work/out/modules.order"
 done
