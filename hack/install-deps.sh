@@ -10,6 +10,7 @@ packages=(
 	ca-certificates
 	iproute2        # network namespaces and veth pairs for network tests
 	qemu-system-x86 # VMs that PXE-boot in the netboot and lab tests
+	qemu-utils      # qemu-img: qcow2 disks of lab VMs
 	ovmf            # UEFI firmware for those VMs
 	ipxe-qemu       # QEMU's NIC boot ROMs (iPXE)
 	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
