@@ -23,8 +23,9 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/cozyctl
+build: ## Build bin/cozyctl and bin/cozy-talos-node (static, stripped: the lab's node image carries it)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozyctl ./cmd/cozyctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
 
 .PHONY: deps
 deps: ## Install the Debian packages the tests need (as root), or say which are missing
