@@ -136,3 +136,24 @@ func TestBootstrapCommandErrors(t *testing.T) {
 		t.Error("the dry run created the default state dir")
 	}
 }
+
+func TestLabCommands(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "lab")
+	tests := []struct {
+		args    []string
+		code    int
+		wantOut string
+	}{
+		{[]string{"lab", "up", "--dir", dir, "--controlplanes", "2"}, 1, "--controlplanes 2: use 1 or 3"},
+		{[]string{"lab", "up", "--dir", dir, "--image", "talos"}, 1, "cannot reach"},
+		{[]string{"lab", "down", "--dir", dir}, 0, "nothing to remove"},
+		{[]string{"lab", "status", "--dir", dir}, 1, "no lab in"},
+		{[]string{"lab", "console", "cp1", "--dir", dir}, 1, "no lab in"},
+	}
+	for _, tc := range tests {
+		_, stderr, code := run(tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.wantOut) {
+			t.Errorf("%v: exit %d, %s; want %d and %q", tc.args, code, stderr, tc.code, tc.wantOut)
+		}
+	}
+}

@@ -1,0 +1,212 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/lab/nodeimage"
+)
+
+func newLabCommand(g *Globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "A rack of QEMU VMs that netboot and bootstrap on this machine",
+		Long: `A lab is a rack of QEMU virtual machines in a private network namespace: a
+bridge, one tap per VM, Cozy's netboot server in full DHCP mode, and
+'cozyctl bootstrap' taking the VMs from their first PXE boot to a cluster.
+Nothing leaves the namespace. Needs root, qemu-system-x86, ovmf and ipxe.`,
+	}
+	var name, dir string
+	cmd.PersistentFlags().StringVar(&name, "name", lab.DefaultName, "the lab's name")
+	cmd.PersistentFlags().StringVar(&dir, "dir", "", "the lab's directory (default: ~/.local/state/cozy/labs/<name>)")
+	load := func() (*lab.Config, error) {
+		if dir == "" {
+			dir = lab.DefaultDir(name)
+		}
+		return lab.Load(dir)
+	}
+	cmd.AddCommand(newLabUpCommand(g, &name, &dir), newLabDownCommand(g, load), newLabStatusCommand(g, load), newLabConsoleCommand(g, load))
+	return cmd
+}
+
+func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
+	var (
+		c       lab.Config
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the lab's VMs and network, netboot them and bootstrap the cluster",
+		Example: `  cozyctl lab up                              # 3 VMs, BIOS and UEFI mixed
+  cozyctl lab up --nodes 6 --controlplanes 3 --firmware uefi`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c.Name, c.Dir = *name, *dir
+			if err := c.SetDefaults(); err != nil {
+				return err
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			res, err := lab.Up(ctx, &c, lab.UpOptions{
+				Cozyctl: self, Image: labImage, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
+			})
+			if res != nil {
+				printPhases(g.stderr, res)
+			}
+			if err != nil {
+				return fmt.Errorf("%w\nthe lab is left as it is: cozyctl lab status --name %[2]s; cozyctl lab down --name %[2]s removes it", err, c.Name)
+			}
+			fmt.Fprintf(g.stderr, "lab %s is up (%s): kubeconfig %s\nuse it inside the lab's network: ip netns exec %s kubectl --kubeconfig %s get --raw /version\n",
+				c.Name, res.Accel, res.Kubeconfig, res.Namespace, res.Kubeconfig)
+			return g.Print(labResult{res})
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&c.Nodes, "nodes", lab.DefaultNodes, "VMs in the rack")
+	f.IntVar(&c.ControlPlanes, "controlplanes", 1, "control planes among them: 1 or 3")
+	f.StringVar(&c.Firmware, "firmware", lab.FirmwareMixed, "bios, uefi, or mixed (alternating)")
+	f.StringVar(&c.Image, "image", "emulated", "node image: emulated (the emulated Talos node) or talos (needs the Image Factory)")
+	f.IntVar(&c.MemoryMiB, "memory", lab.DefaultMemoryMiB, "MiB of memory per VM")
+	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
+	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
+	return cmd
+}
+
+type labResult struct{ *lab.Result }
+
+func (r labResult) Header() []string { return []string{"LAB", "ACCEL", "KUBECONFIG", "TOTAL"} }
+
+func (r labResult) Rows() [][]string {
+	return [][]string{{r.Name, r.Accel, r.Kubeconfig, r.Total.String()}}
+}
+
+func printPhases(w io.Writer, res *lab.Result) {
+	var parts []string
+	for _, p := range res.Phases {
+		parts = append(parts, fmt.Sprintf("%s %s", p.Phase, p.Took))
+	}
+	fmt.Fprintf(w, "lab %s: %s\n", res.Name, strings.Join(parts, ", "))
+}
+
+func newLabDownCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
+	var purge bool
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop the lab's VMs and remove its network namespace, bridge and taps (safe to run twice)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := load()
+			if errors.Is(err, os.ErrNotExist) {
+				fmt.Fprintln(g.stderr, "no such lab: nothing to remove")
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := lab.Down(context.WithoutCancel(cmd.Context()), c, purge); err != nil {
+				return err
+			}
+			if purge {
+				fmt.Fprintf(g.stderr, "lab %s removed\n", c.Name)
+			} else {
+				fmt.Fprintf(g.stderr, "lab %s is down; its disks, serial logs and state stay in %s (--purge removes them)\n", c.Name, c.Dir)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&purge, "purge", false, "also delete the lab's directory: disks, serial logs, secrets, kubeconfig")
+	return cmd
+}
+
+type labStatus []lab.NodeStatus
+
+func (s labStatus) Header() []string {
+	return []string{"NODE", "ROLE", "FIRMWARE", "MAC", "IP", "VM", "PHASE"}
+}
+
+func (s labStatus) Rows() [][]string {
+	var rows [][]string
+	for _, n := range s {
+		rows = append(rows, []string{n.Name, n.Role, n.Firmware, n.MACText, n.IP.String(), n.VM, dash(string(n.Phase))})
+	}
+	return rows
+}
+
+func newLabStatusCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "List the lab's VMs: firmware, address, whether QEMU runs, bootstrap phase",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := load()
+			if err != nil {
+				return err
+			}
+			st, err := lab.Status(c)
+			if err != nil {
+				return err
+			}
+			return g.Print(labStatus(st))
+		},
+	}
+}
+
+func newLabConsoleCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "console NODE",
+		Short: "Print a node's serial console log",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := load()
+			if err != nil {
+				return err
+			}
+			path, err := lab.Console(c, args[0])
+			if err != nil {
+				return err
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return fmt.Errorf("%s has no console log yet: %w", args[0], err)
+			}
+			defer f.Close()
+			_, err = io.Copy(g.stdout, f)
+			return err
+		},
+	}
+}
+
+// labImage builds (or finds, cached) the emulated node image: the Debian
+// kernel of $COZY_BOOT_ASSETS, busybox, cozy-talos-node from next to this
+// cozyctl, and etcd and kube-apiserver from $KUBEBUILDER_ASSETS. `make lab`
+// sets both variables.
+func labImage(ctx context.Context) (lab.Image, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return lab.Image{}, err
+	}
+	node := filepath.Join(filepath.Dir(self), "cozy-talos-node")
+	if _, err := os.Stat(node); err != nil {
+		return lab.Image{}, fmt.Errorf("the emulated node binary: %w (make build writes it next to cozyctl)", err)
+	}
+	img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
+	if err != nil {
+		return lab.Image{}, fmt.Errorf("%w (make lab sets COZY_BOOT_ASSETS and KUBEBUILDER_ASSETS)", err)
+	}
+	return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+}

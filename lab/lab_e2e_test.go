@@ -1,0 +1,203 @@
+//go:build integration && lab
+
+package lab_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/lab/nodeimage"
+	"cozy.dev/cozy/pxe/inventory"
+)
+
+// TestLab is `make lab-test`: `cozyctl lab up` of three VMs, BIOS and UEFI
+// mixed, under TCG, netbooted by Cozy's server and bootstrapped into a
+// cluster by `cozyctl bootstrap`, checked phase by phase; always torn
+// down, serial logs kept in $COZY_TEST_ARTIFACTS.
+func TestLab(t *testing.T) {
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "the lab needs root")
+	}
+	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			prereq.Missing(t, "%s is not installed (hack/install-deps.sh)", bin)
+		}
+	}
+	for _, f := range []string{lab.OVMFCode, "/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi"} {
+		if _, err := os.Stat(f); err != nil {
+			prereq.Missing(t, "%v (hack/install-deps.sh)", err)
+		}
+	}
+	for _, env := range []string{"COZY_BOOT_ASSETS", "KUBEBUILDER_ASSETS"} {
+		if os.Getenv(env) == "" {
+			prereq.Missing(t, "%s is not set (make lab-test sets it)", env)
+		}
+	}
+	node := nodeBinary(t)
+	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()%100000), Nodes: 3, ControlPlanes: 1,
+		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir()}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := lab.Down(context.Background(), &c, false); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		keepSerialLogs(t, &c)
+	})
+	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
+	self, _ := os.Executable()
+	var progress strings.Builder
+	res, err := lab.Up(ctx, &c, lab.UpOptions{
+		Cozyctl: self,
+		Image: func(ctx context.Context) (lab.Image, error) {
+			img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
+			if err != nil {
+				return lab.Image{}, err
+			}
+			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+		},
+		Stderr:  &progress,
+		Timeout: 15 * time.Minute,
+	})
+	if res != nil {
+		t.Logf("phases: %+v, accel %s", res.Phases, res.Accel)
+	}
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, tail(progress.String(), 40))
+	}
+
+	// Netboot: every machine got its lease and fetched iPXE's script,
+	// the kernel and the initramfs, with the firmware the lab gave it.
+	inv, err := inventory.Load(filepath.Join(c.Dir, lab.StateDir, "pxe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range c.Machines() {
+		var im *inventory.Machine
+		for i := range inv {
+			if inv[i].MAC == m.MACText {
+				im = &inv[i]
+			}
+		}
+		switch {
+		case im == nil:
+			t.Errorf("%s never reached the netboot server", m.Name)
+		case im.IP != m.IP:
+			t.Errorf("%s leased %v, want its reserved %v", m.Name, im.IP, m.IP)
+		case im.Firmware != m.Firmware:
+			t.Errorf("%s netbooted as %s, want %s", m.Name, im.Firmware, m.Firmware)
+		case im.Phase != inventory.PhaseInitrd && im.Phase != inventory.PhaseConfig:
+			t.Errorf("%s stopped netbooting at %s", m.Name, im.Phase)
+		}
+	}
+	// Each kernel ran the emulated node, found in maintenance mode and
+	// configured by bootstrap; etcd was bootstrapped once, on cp1.
+	var st state.State
+	data, err := os.ReadFile(filepath.Join(c.Dir, lab.StateDir, state.File))
+	if err != nil || json.Unmarshal(data, &st) != nil {
+		t.Fatalf("bootstrap state: %v", err)
+	}
+	if st.EtcdBootstrapped != "cp1" {
+		t.Errorf("etcd bootstrapped on %q, want cp1", st.EtcdBootstrapped)
+	}
+	for _, m := range c.Machines() {
+		if n := st.Nodes[m.Name]; n == nil || n.Phase != state.Ready {
+			t.Errorf("%s: %+v, want ready", m.Name, n)
+		}
+		serial, _ := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
+		for _, want := range []string{"maintenance mode: waiting for a machine config", "configured mode"} {
+			if !strings.Contains(string(serial), want) {
+				t.Errorf("%s's console lacks %q", m.Name, want)
+			}
+		}
+		if n := strings.Count(string(serial), "bootstrap: etcd and kube-apiserver started"); (m.Name == "cp1") != (n == 1) || n > 1 {
+			t.Errorf("%s bootstrapped etcd %d times", m.Name, n)
+		}
+	}
+	// The kubeconfig answers /version through the cluster endpoint.
+	if v, err := version(ctx, &c, res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
+		t.Errorf("/version: %q, %v", v, err)
+	}
+}
+
+// nodeBinary is a static cozy-talos-node: $COZY_NODE_BINARY, or built now.
+func nodeBinary(t *testing.T) string {
+	if p := os.Getenv("COZY_NODE_BINARY"); p != "" {
+		return p
+	}
+	out := filepath.Join(t.TempDir(), "cozy-talos-node")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "cozy.dev/cozy/cmd/cozy-talos-node")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build cozy-talos-node: %v\n%s", err, b)
+	}
+	return out
+}
+
+// version GETs /version with the kubeconfig from inside the lab's namespace.
+func version(ctx context.Context, c *lab.Config, kubeconfig string) (string, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	rc.Dial = (&netnstest.NS{Name: lab.Namespace(c.Name)}).DialContext
+	rc.Timeout = 10 * time.Second
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return "", err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, rc.Host+"/version", nil)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	var v struct{ GitVersion string }
+	return v.GitVersion, json.Unmarshal(body, &v)
+}
+
+func keepSerialLogs(t *testing.T, c *lab.Config) {
+	dir := os.Getenv("COZY_TEST_ARTIFACTS")
+	if dir == "" {
+		return
+	}
+	for _, m := range c.Machines() {
+		data, err := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
+		if err != nil {
+			continue
+		}
+		_ = os.MkdirAll(dir, 0o755)
+		_ = os.WriteFile(filepath.Join(dir, "lab-"+m.Name+"-serial.log"), data, 0o644)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
