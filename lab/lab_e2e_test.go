@@ -49,8 +49,9 @@ func TestLab(t *testing.T) {
 			prereq.Missing(t, "%s is not set (make lab-test sets it)", env)
 		}
 	}
+	sweepOrphanLabs()
 	node := nodeBinary(t)
-	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()%100000), Nodes: 3, ControlPlanes: 1,
+	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()), Nodes: 3, ControlPlanes: 1,
 		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir()}
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
@@ -136,6 +137,28 @@ func TestLab(t *testing.T) {
 	// The kubeconfig answers /version through the cluster endpoint.
 	if v, err := version(ctx, &c, res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Errorf("/version: %q, %v", v, err)
+	}
+}
+
+// sweepOrphanLabs removes the namespaces of test labs whose test process
+// died without cleaning up (a killed `go test`), with what runs in them.
+func sweepOrphanLabs() {
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		ns, _, _ := strings.Cut(line, " ")
+		var pid int
+		if _, err := fmt.Sscanf(ns, "cozy-lab-lt%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // a test lab whose test may still run
+		}
+		if pids, _ := exec.Command("ip", "netns", "pids", ns).Output(); len(pids) > 0 {
+			for _, p := range strings.Fields(string(pids)) {
+				_ = exec.Command("kill", "-9", p).Run()
+			}
+		}
+		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}
 }
 

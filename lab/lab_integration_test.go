@@ -20,7 +20,7 @@ func TestNetworkUpDown(t *testing.T) {
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "network namespaces need root")
 	}
-	c := Config{Name: fmt.Sprintf("t%d", os.Getpid()%100000), Nodes: 2, Dir: t.TempDir()}
+	c := Config{Name: fmt.Sprintf("t%d", os.Getpid()), Nodes: 2, Dir: t.TempDir()}
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
 	}

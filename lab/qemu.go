@@ -47,10 +47,17 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 		nic += ",romfile="
 		machine = "q35"
 	}
+	// One vCPU under TCG: emulated CPUs of several VMs sharing a small
+	// host gain nothing from a second one, and a kernel bringing up a
+	// second CPU there was seen to hang before its console started.
+	cpus := "1"
+	if accel == "kvm" {
+		cpus = "2"
+	}
 	args := []string{
 		"-name", "cozy-lab-" + c.Name + "-" + m.Name,
 		"-machine", machine, "-accel", accel,
-		"-m", strconv.Itoa(c.MemoryMiB), "-smp", "2", "-uuid", m.UUID,
+		"-m", strconv.Itoa(c.MemoryMiB), "-smp", cpus, "-uuid", m.UUID,
 		"-display", "none", "-monitor", "none",
 		"-serial", "file:" + f.serial(),
 		"-qmp", "unix:" + f.qmp() + ",server=on,wait=off",

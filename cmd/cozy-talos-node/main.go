@@ -14,52 +14,11 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"cozy.dev/cozy/lab/talosnode"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
-}
-
-func run(args []string) int {
-	fs := flag.NewFlagSet("cozy-talos-node", flag.ContinueOnError)
-	var cfg talosnode.Config
-	cfg.RegisterFlags(fs)
-	debug := fs.Bool("debug", false, "log every request")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	node, err := talosnode.New(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cozy-talos-node:", err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	err = node.Run(ctx)
-	switch {
-	case errors.Is(err, talosnode.ErrReboot):
-		return talosnode.RebootExitCode
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "cozy-talos-node:", err)
-		return 1
-	}
-	return 0
+	os.Exit(talosnode.Main(os.Args[1:], os.Stderr))
 }

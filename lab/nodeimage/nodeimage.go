@@ -38,7 +38,7 @@ import (
 // NIC's MAC, as iPXE writes it: BOOTIF=01-52-54-00-12-34-56) and
 // cozy.debug (log every API request); UEFI iPXE's initrd= is added by the
 // netboot server (pxe/ipxe).
-const Cmdline = "console=ttyS0 panic=-1 quiet"
+const Cmdline = "console=ttyS0 panic=-1"
 
 // The files of a built image, in Image.Dir.
 const (

@@ -209,6 +209,13 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, 
 			return nil, Rejected, err
 		}
 		mods = append(mods, boot...)
+		if client.IPXE {
+			// iPXE takes an offer saying PXEClient for a ProxyDHCP
+			// server's too, and after the ACK asks it again on port 4011,
+			// waiting 1+2+4+8 s for an answer. The file name is all it
+			// needs from this server.
+			mods = append(mods, func(d *dhcpv4.DHCPv4) { d.Options.Del(dhcpv4.OptionClassIdentifier) })
+		}
 	}
 	return newReply(req, mods...), outcome, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,16 @@ func TestFullDORA(t *testing.T) {
 	if err != nil || o != Offered || pxeOffer.YourIPAddr.String() != "10.8.0.101" || pxeOffer.BootFileName != "ipxe.efi" ||
 		!pxeOffer.ServerIPAddr.Equal(net.IP(serverIP.AsSlice())) {
 		t.Fatalf("PXE discover: %s %v %v", o, err, pxeOffer)
+	}
+	// iPXE gets its script URL, and no PXEClient vendor class: it would
+	// take this server for a ProxyDHCP one and wait for it on port 4011.
+	ipxeMods := append(pxe(iana.EFI_X86_64), dhcpv4.WithGeneric(dhcpv4.OptionUserClassInformation, []byte("iPXE")))
+	ipxeAck, o, err := reply(t, f, dhcpv4.MessageTypeRequest, knownMAC, append(ipxeMods, requested("10.8.0.101"))...)
+	if err != nil || o != Acked || !strings.HasSuffix(ipxeAck.BootFileName, ".ipxe") || ipxeAck.ClassIdentifier() != "" {
+		t.Errorf("iPXE request: %s %v file %q vendor class %q", o, err, ipxeAck.BootFileName, ipxeAck.ClassIdentifier())
+	}
+	if pxeOffer.ClassIdentifier() != "PXEClient" {
+		t.Errorf("firmware PXE offer: vendor class %q, want PXEClient", pxeOffer.ClassIdentifier())
 	}
 	// The pool (two addresses) is now exhausted for a third client.
 	if _, o, err := reply(t, f, dhcpv4.MessageTypeDiscover, otherMAC); o != Rejected || err == nil {
