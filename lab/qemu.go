@@ -133,15 +133,24 @@ func (c *Config) stopVM(m Machine) {
 	if pid == 0 {
 		return
 	}
+	// Wait for the process itself to be gone, not only its pid file's
+	// claim: `lab down` must leave no QEMU behind.
+	gone := func() bool { return syscall.Kill(pid, 0) != nil }
 	if err := qmp(c.files(m).qmp(), "quit"); err == nil {
 		for range 50 {
-			if c.vmPID(m) == 0 {
+			if gone() {
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for range 50 {
+		if gone() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // VMStatus asks QEMU (QMP query-status) whether the VM runs.
