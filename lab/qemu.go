@@ -135,7 +135,11 @@ func (c *Config) stopVM(m Machine) {
 	}
 	// Wait for the process itself to be gone, not only its pid file's
 	// claim: `lab down` must leave no QEMU behind.
-	gone := func() bool { return syscall.Kill(pid, 0) != nil }
+	gone := func() bool {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		// Exited, or a zombie its parent has not reaped yet.
+		return err != nil || strings.Contains(string(stat), ") Z ")
+	}
 	if err := qmp(c.files(m).qmp(), "quit"); err == nil {
 		for range 50 {
 			if gone() {
