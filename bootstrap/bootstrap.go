@@ -147,8 +147,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		b.emit(m.Hostname, "")
 	}
 
-	// Every machine installs in parallel, control planes first; etcd
-	// waits for the first control plane only.
+	// Every machine installs in parallel, control planes first; etcd is
+	// bootstrapped once all of them are installed, so a rack that is not
+	// whole stops before anything irreversible.
 	b.cpsApplied.Add(len(r.ControlPlanes()))
 	errs := make(chan error, len(r.Machines))
 	var wg sync.WaitGroup
