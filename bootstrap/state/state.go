@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"cozy.dev/cozy/internal/atomicfile"
 )
 
 // File is the state file's name in the state dir.
@@ -127,27 +129,8 @@ func (st *Store) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	tmp := st.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := atomicfile.Write(st.path, append(data, '\n'), 0o600); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	if _, err = f.Write(append(data, '\n')); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, st.path)
-	}
-	if err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	d, err := os.Open(filepath.Dir(st.path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"go.yaml.in/yaml/v3"
+
+	"cozy.dev/cozy/internal/atomicfile"
 )
 
 // SecretsFile is the secrets bundle's name in an output or state dir.
@@ -32,7 +33,7 @@ func LoadOrCreateSecrets(path string, contract *config.VersionContract) (b *secr
 	if err != nil {
 		return nil, false, fmt.Errorf("encode secrets: %w", err)
 	}
-	err = writeNew(path, data)
+	err = atomicfile.Create(path, data, 0o600)
 	if errors.Is(err, fs.ErrExist) {
 		// Another run created it first; theirs is the cluster's bundle.
 		b, err := loadSecrets(path)
@@ -64,66 +65,11 @@ func loadSecrets(path string) (*secrets.Bundle, error) {
 	return b, nil
 }
 
-// writeNew writes data to path with mode 0600, atomically, and fails with
-// fs.ErrExist if path already exists.
-func writeNew(path string, data []byte) error {
-	tmp, err := writeTemp(path, data)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
 // WriteFile replaces path with data atomically, mode 0600; unchanged
 // content is left alone so file times show when a config really changed.
 func WriteFile(path string, data []byte) error {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return os.Chmod(path, 0o600)
 	}
-	tmp, err := writeTemp(path, data)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func writeTemp(path string, data []byte) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	// CreateTemp makes the file 0600 already; say so for the reader.
-	if err = f.Chmod(0o600); err == nil {
-		if _, err = f.Write(data); err == nil {
-			err = f.Sync()
-		}
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Name(), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(path, data, 0o600)
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"cozy.dev/cozy/internal/atomicfile"
 )
 
 // Files on the node's disk (Config.StateDir).
@@ -91,44 +93,13 @@ func readMachineConfig(dir string) (config.Provider, error) {
 	return cfg, nil
 }
 
-// writeFileAtomic replaces path with data: a temporary file in the same
-// directory, synced, renamed over path, and the directory synced, so a
-// crash leaves the old file or the new one, never half of one.
+// writeFileAtomic replaces path with data (see atomicfile), creating its
+// directory first.
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // a no-op after the rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(path, data, perm)
 }
 
 // hostnameOf is the hostname a config gives the machine, or fallback.
