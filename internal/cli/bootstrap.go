@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -169,22 +168,15 @@ func netbootConfig(r *rack.Rack, boot pxe.Config, serverIP string, allowUnknown 
 	if err != nil {
 		return cfg, err
 	}
-	if netboot.NeedsUnknown(r) && !allowUnknown {
-		return cfg, errors.New("some machines of the rack have only a uuid: add --allow-unknown so they can netboot and be found")
-	}
-	if boot.Kernel == "" || len(boot.Initrds) == 0 {
-		kernel, _ := r.BootAssetURL("kernel-amd64")
-		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
-		return cfg, fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd (or --no-netboot); download them from\n  %s\n  %s", kernel, initrd)
-	}
 	cfg.Kernel, cfg.Initrds, cfg.Cmdline, cfg.HTTPPort = boot.Kernel, boot.Initrds, boot.Cmdline, boot.HTTPPort
 	cfg.AllowUnknown = allowUnknown
+	if err := checkRackBoot(r, cfg, " (or --no-netboot)"); err != nil {
+		return cfg, err
+	}
 	if serverIP != "" {
-		ip, err := netip.ParseAddr(serverIP)
-		if err != nil || !ip.Is4() {
-			return cfg, fmt.Errorf("--server-ip %q: want an IPv4 address", serverIP)
+		if cfg.ServerIP, err = parseIPv4("--server-ip", serverIP); err != nil {
+			return cfg, err
 		}
-		cfg.ServerIP = ip
 	}
 	return cfg, nil
 }

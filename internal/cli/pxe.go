@@ -268,13 +268,21 @@ func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
 	}
 	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
 	cfg.Talos = true
+	return checkRackBoot(r, *cfg, "")
+}
+
+// checkRackBoot says what a netboot server for rack r still lacks: leave
+// to boot machines known only by UUID, or the Talos kernel and initramfs
+// (with the Image Factory URLs to fetch them from). alternative names
+// another way out, for the error message.
+func checkRackBoot(r *rack.Rack, cfg pxe.Config, alternative string) error {
 	if netboot.NeedsUnknown(r) && !cfg.AllowUnknown {
 		return errors.New("some machines of the rack have only a uuid: add --allow-unknown so they can netboot and be found")
 	}
 	if cfg.Kernel == "" || len(cfg.Initrds) == 0 {
 		kernel, _ := r.BootAssetURL("kernel-amd64")
 		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
-		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd; download them from\n  %s\n  %s", kernel, initrd)
+		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd%s; download them from\n  %s\n  %s", alternative, kernel, initrd)
 	}
 	return nil
 }
