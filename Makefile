@@ -45,8 +45,7 @@ test: envtest ## Unit and integration tests: real kube-apiserver + etcd, network
 		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab
-lab: build envtest ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a cluster (root; installs its Debian packages)
-	hack/install-deps.sh
+lab: deps build envtest ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a cluster (root; installs its Debian packages first)
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
 		bin/cozyctl lab up $(LAB_FLAGS)
 
