@@ -92,6 +92,7 @@ type run struct {
 	// from a control plane (trustd) and must not hold every install slot
 	// while it waits for one.
 	cpsApplied sync.WaitGroup
+	gate       *etcdGate
 	warned     sync.Map // unknown MACs reported once
 }
 
@@ -147,19 +148,44 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		b.emit(m.Hostname, "")
 	}
 
-	// Every machine installs in parallel, control planes first; etcd is
-	// bootstrapped once all of them are installed, so a rack that is not
-	// whole stops before anything irreversible.
-	b.cpsApplied.Add(len(r.ControlPlanes()))
-	errs := make(chan error, len(r.Machines))
+	// Every machine installs in parallel, control planes first. etcd is
+	// bootstrapped once every machine has taken its config and every
+	// control plane is installed (etcdGate), while workers finish.
+	var hosts, cps []string
+	for _, m := range r.Machines {
+		hosts = append(hosts, m.Hostname)
+	}
+	for _, m := range r.ControlPlanes() {
+		cps = append(cps, m.Hostname)
+	}
+	b.gate = newEtcdGate(hosts, cps)
+	b.cpsApplied.Add(len(cps))
+	installCtx, stopInstalls := context.WithCancel(ctx)
+	defer stopInstalls()
+	errs := make(chan error, len(r.Machines)+1)
 	var wg sync.WaitGroup
 	for i := range r.Machines {
 		m := &r.Machines[i]
 		wg.Go(func() {
-			if err := b.install(ctx, m); err != nil {
+			if err := b.install(installCtx, m); err != nil {
+				b.gate.failed(m.Hostname)
 				errs <- fmt.Errorf("%s: %w", m.Hostname, err)
+				return
 			}
+			b.gate.installed(m.Hostname)
 		})
+	}
+	first := &r.ControlPlanes()[0]
+	var kubeconfig string
+	if b.gate.wait() {
+		err := b.bootstrapEtcd(ctx, first)
+		if err == nil {
+			kubeconfig, err = b.kubeconfig(ctx, first)
+		}
+		if err != nil {
+			errs <- err
+			stopInstalls()
+		}
 	}
 	wg.Wait()
 	close(errs)
@@ -171,14 +197,6 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, errors.Join(all...)
 	}
 
-	first := &r.ControlPlanes()[0]
-	if err := b.bootstrapEtcd(ctx, first); err != nil {
-		return nil, err
-	}
-	kubeconfig, err := b.kubeconfig(ctx, first)
-	if err != nil {
-		return nil, err
-	}
 	if err := st.Update(func(s *state.State) {
 		s.Kubeconfig = kubeconfig
 		s.Finished = time.Now()
@@ -252,6 +270,7 @@ func (b *run) install(ctx context.Context, m *rack.Machine) error {
 	}
 	ip := n.IP
 	if n.Phase.AtLeast(state.Applied) && ip.IsValid() {
+		b.gate.appliedConfig(m.Hostname)
 		return b.waitConfigured(ctx, m, ip)
 	}
 	ip, err := b.discover(ctx, m)
@@ -281,6 +300,7 @@ func (b *run) install(ctx context.Context, m *rack.Machine) error {
 	if err != nil {
 		return err
 	}
+	b.gate.appliedConfig(m.Hostname)
 	return b.waitConfigured(ctx, m, ip)
 }
 
