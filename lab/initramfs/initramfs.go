@@ -1,16 +1,35 @@
-// Package initramfs builds the gzip-compressed cpio ("newc") archives that
+// Package initramfs builds the compressed cpio ("newc") archives that
 // Linux unpacks as its initial root filesystem. The lab and the netboot
 // tests use it to make small busybox systems; archives are reproducible
 // (fixed timestamps and inode numbers, entries in the order added).
 package initramfs
 
 import (
+	"bufio"
+	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"path"
 	"strings"
+
+	"github.com/pierrec/lz4/v4"
+)
+
+// Compression is how an archive is compressed; the kernel must have been
+// built to unpack it (Debian's has every CONFIG_RD_* on).
+type Compression int
+
+const (
+	// Gzip is the smallest to download and the slowest to unpack.
+	Gzip Compression = iota
+	// LZ4 (its legacy frame format, the one the kernel reads) is about 10 %
+	// larger than gzip and unpacks four times faster: measured under QEMU
+	// TCG with the lab's 176 MB node image, 1.6 s against 6.3 s (zstd took
+	// 5.9 s). That is paid on every boot of every emulated machine.
+	LZ4
 )
 
 type entry struct {
@@ -21,6 +40,9 @@ type entry struct {
 
 // Archive is an initramfs under construction.
 type Archive struct {
+	// Compression of what WriteTo writes; the zero value is Gzip.
+	Compression Compression
+
 	entries []entry
 	seen    map[string]bool
 }
@@ -71,10 +93,22 @@ func clean(name string) string {
 	return name
 }
 
-// WriteTo writes the gzip-compressed archive.
+// WriteTo writes the compressed archive.
 func (a *Archive) WriteTo(w io.Writer) (int64, error) {
 	cw := &countingWriter{w: w}
-	zw := gzip.NewWriter(cw)
+	var zw io.WriteCloser
+	switch a.Compression {
+	case Gzip:
+		zw = gzip.NewWriter(cw)
+	case LZ4:
+		lw := lz4.NewWriter(cw)
+		if err := lw.Apply(lz4.LegacyOption(true), lz4.CompressionLevelOption(lz4.Fast)); err != nil {
+			return 0, err
+		}
+		zw = lw
+	default:
+		return 0, fmt.Errorf("unknown compression %d", a.Compression)
+	}
 	for i, e := range a.entries {
 		if err := writeEntry(zw, uint32(i+1), e.name, e.mode, e.data); err != nil {
 			return cw.n, fmt.Errorf("write %s: %w", e.name, err)
@@ -85,6 +119,22 @@ func (a *Archive) WriteTo(w io.Writer) (int64, error) {
 	}
 	err := zw.Close()
 	return cw.n, err
+}
+
+// Reader uncompresses an archive WriteTo wrote, whichever its compression.
+func Reader(r io.Reader) (io.Reader, error) {
+	br := bufio.NewReader(r)
+	magic, err := br.Peek(4)
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: %w", err)
+	}
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		return gzip.NewReader(br)
+	case bytes.Equal(magic, []byte{0x02, 0x21, 0x4c, 0x18}): // LZ4 legacy, little-endian 0x184C2102
+		return lz4.NewReader(br), nil
+	}
+	return nil, errors.New("initramfs: neither gzip nor LZ4 legacy")
 }
 
 // writeEntry writes one newc header, name and data, each padded to 4 bytes.

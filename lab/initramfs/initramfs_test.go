@@ -2,7 +2,6 @@ package initramfs
 
 import (
 	"bytes"
-	"compress/gzip"
 	"io"
 	"os"
 	"os/exec"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 )
+
+var compressions = map[string]Compression{"gzip": Gzip, "lz4": LZ4}
 
 func sample() *Archive {
 	var a Archive
@@ -21,16 +22,28 @@ func sample() *Archive {
 	return &a
 }
 
+func compressed(t *testing.T, c Compression) *bytes.Buffer {
+	t.Helper()
+	a := sample()
+	a.Compression = c
+	var buf bytes.Buffer
+	if _, err := a.WriteTo(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return &buf
+}
+
 func TestReproducible(t *testing.T) {
-	var x, y bytes.Buffer
-	if _, err := sample().WriteTo(&x); err != nil {
-		t.Fatal(err)
+	for name, c := range compressions {
+		if !bytes.Equal(compressed(t, c).Bytes(), compressed(t, c).Bytes()) {
+			t.Errorf("%s: the same archive built twice differs", name)
+		}
 	}
-	if _, err := sample().WriteTo(&y); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(x.Bytes(), y.Bytes()) {
-		t.Fatal("the same archive built twice differs")
+}
+
+func TestReaderRejectsOtherFormats(t *testing.T) {
+	if _, err := Reader(strings.NewReader("070701 plain cpio")); err == nil {
+		t.Error("an uncompressed archive was taken for a compressed one")
 	}
 }
 
@@ -45,11 +58,13 @@ func TestExtractsWithCpio(t *testing.T) {
 	} else {
 		t.Skip("no cpio or busybox to cross-check with; TestRoundTrip still checks the format")
 	}
-	var buf bytes.Buffer
-	if _, err := sample().WriteTo(&buf); err != nil {
-		t.Fatal(err)
+	for name, c := range compressions {
+		t.Run(name, func(t *testing.T) { extractWithCpio(t, cpioCmd, c) })
 	}
-	zr, err := gzip.NewReader(&buf)
+}
+
+func extractWithCpio(t *testing.T, cpioCmd []string, c Compression) {
+	zr, err := Reader(compressed(t, c))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,15 +90,20 @@ func TestExtractsWithCpio(t *testing.T) {
 }
 
 func TestRoundTrip(t *testing.T) {
-	var buf bytes.Buffer
-	if _, err := sample().WriteTo(&buf); err != nil {
-		t.Fatal(err)
+	for name, c := range compressions {
+		t.Run(name, func(t *testing.T) { roundTrip(t, c) })
 	}
-	zr, err := gzip.NewReader(&buf)
+}
+
+func roundTrip(t *testing.T, c Compression) {
+	zr, err := Reader(compressed(t, c))
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := io.ReadAll(zr)
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var names []string
 	for off := 0; ; {
 		hdr := string(raw[off : off+110])

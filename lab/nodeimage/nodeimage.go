@@ -43,12 +43,12 @@ const Cmdline = "console=ttyS0 panic=-1"
 // The files of a built image, in Image.Dir.
 const (
 	KernelFile = "vmlinuz"
-	InitrdFile = "initramfs.gz"
+	InitrdFile = "initramfs.lz4"
 )
 
 // format is part of every key: bump it when the image's layout changes in
 // a way the inputs do not show.
-const format = "1"
+const format = "2"
 
 var (
 	//go:embed init.sh
@@ -91,7 +91,7 @@ type Options struct {
 type Image struct {
 	// Dir holds the image's files; it is not to be modified.
 	Dir string
-	// Kernel and Initrd are the paths of the kernel and the gzip
+	// Kernel and Initrd are the paths of the kernel and the LZ4
 	// initramfs.
 	Kernel string
 	Initrd string
@@ -343,7 +343,9 @@ func build(ctx context.Context, cacheDir, dir string, files []file, gen map[stri
 	}
 	defer os.RemoveAll(tmp)
 
-	var a initramfs.Archive
+	// LZ4: every boot of every machine unpacks it, and under TCG that is
+	// 1.6 s where gzip takes 6.3 s (see initramfs.LZ4).
+	a := initramfs.Archive{Compression: initramfs.LZ4}
 	for _, d := range []string{"bin", "dev", "etc", "lib/modules", "mnt/disk", "proc", "root", "run", "sys", "tmp"} {
 		a.Dir(d, 0o755)
 	}

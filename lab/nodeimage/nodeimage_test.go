@@ -2,7 +2,6 @@ package nodeimage
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -83,7 +83,7 @@ type cpioEntry struct {
 	data string
 }
 
-// readInitramfs unpacks a gzip newc archive into its entries by name.
+// readInitramfs unpacks a compressed newc archive into its entries by name.
 func readInitramfs(t *testing.T, path string) (map[string]cpioEntry, []string) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -91,7 +91,7 @@ func readInitramfs(t *testing.T, path string) (map[string]cpioEntry, []string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	zr, err := gzip.NewReader(f)
+	zr, err := initramfs.Reader(f)
 	if err != nil {
 		t.Fatal(err)
 	}
