@@ -1,9 +1,11 @@
 package lab
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"cozy.dev/cozy/bootstrap/rack"
 )
@@ -89,7 +91,7 @@ func TestQEMUArgs(t *testing.T) {
 		want, not []string
 	}{
 		{ms[0], []string{"-machine pc", "-accel tcg", "-m 1024", "mac=" + ms[0].MACText, "ifname=tap0", "-boot order=n",
-			"file=/labs/q/vms/cp1/disk.qcow2,format=qcow2,if=virtio", "-serial file:/labs/q/vms/cp1/serial.log", "-uuid " + ms[0].UUID}, []string{"pflash", "romfile="}},
+			"file=/labs/q/vms/cp1/disk.qcow2,format=qcow2,if=virtio,cache=unsafe", "-serial file:/labs/q/vms/cp1/serial.log", "-uuid " + ms[0].UUID}, []string{"pflash", "romfile="}},
 		{ms[1], []string{"-machine q35", ",romfile=", "file=" + OVMFCode, "file=/labs/q/vms/w1/OVMF_VARS.fd"}, nil},
 	}
 	for _, tt := range tests {
@@ -108,5 +110,35 @@ func TestQEMUArgs(t *testing.T) {
 	args := strings.Join(c.BootstrapArgs(Image{Kernel: "/k", Initrds: []string{"/i"}, Cmdline: "console=ttyS0"}), " ")
 	if args != "bootstrap --rack /labs/q/rack.yaml --state-dir /labs/q/state --kernel /k --server-ip 192.168.77.1 --initrd /i --cmdline console=ttyS0" {
 		t.Errorf("bootstrap args: %s", args)
+	}
+}
+
+func TestMilestones(t *testing.T) {
+	ev := func(sec int, node, phase string) string {
+		return fmt.Sprintf(`{"time":"2026-11-30T00:00:00Z","node":%q,"phase":%q,"elapsed":%d}`+"\n", node, phase, time.Duration(sec)*time.Second)
+	}
+	events := ev(0, "cp1", "pending") + ev(0, "w1", "pending") +
+		ev(40, "w1", "discovered") + ev(45, "cp1", "discovered") +
+		ev(46, "cp1", "applied") + ev(50, "w1", "applied") +
+		ev(100, "cp1", "configured") + ev(101, "cp1", "etcd") +
+		ev(130, "w1", "configured") + ev(190, "cp1", "ready") + ev(190, "w1", "ready") +
+		ev(190, "", "ready")
+	got := milestones(strings.NewReader(events), 2*time.Second, 2)
+	want := []Milestone{
+		{"all machines in maintenance mode", 47 * time.Second},
+		{"all configs applied", 52 * time.Second},
+		{"etcd bootstrapped", 103 * time.Second},
+		{"all machines installed", 132 * time.Second},
+		{"the API answers", 192 * time.Second},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("milestones:\n got %v\nwant %v", got, want)
+	}
+
+	// A run that stopped early reports what every machine reached, and
+	// output that is not events ends the list without an error.
+	got = milestones(strings.NewReader(ev(40, "w1", "discovered")+ev(45, "cp1", "discovered")+ev(50, "w1", "applied")+"panic: oops\n"), 0, 2)
+	if want := []Milestone{{"all machines in maintenance mode", 45 * time.Second}}; !slices.Equal(got, want) {
+		t.Errorf("partial run: got %v, want %v", got, want)
 	}
 }

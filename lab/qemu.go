@@ -63,7 +63,9 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 		"-qmp", "unix:" + f.qmp() + ",server=on,wait=off",
 		"-netdev", "tap,id=n0,ifname=" + m.Tap + ",script=no,downscript=no",
 		"-device", nic,
-		"-drive", "file=" + f.disk() + ",format=qcow2,if=virtio",
+		// cache=unsafe: a lab disk is thrown away with the lab, and under
+		// TCG every guest flush (etcd fsyncs each write) is slow to honour.
+		"-drive", "file=" + f.disk() + ",format=qcow2,if=virtio,cache=unsafe",
 		// The network first, as a rack that netboots: the netboot server
 		// decides whether a machine boots Talos or its disk.
 		"-boot", "order=n",
