@@ -55,9 +55,12 @@ lab-test: build envtest ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted a
 		$(GO) test -tags 'integration lab' -count=1 -timeout 30m -run TestLab -v ./lab/
 
 .PHONY: bench
-bench: ## Benchmarks, ours and peers side by side in one run (root; installs the peers)
+bench: build envtest ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)
 	hack/install-deps.sh bench
-	$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ | grep -v -e '^=== RUN' -e '^--- PASS'
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" \
+		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ | grep -v -e '^=== RUN' -e '^--- PASS'
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
+		$(GO) test -tags 'integration lab bench' -count=1 -timeout 60m -run 'TestBenchLab' -v ./lab/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 
 .PHONY: fmt

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
 	"cozy.dev/cozy/pxe/inventory"
@@ -31,60 +33,12 @@ import (
 // cluster by `cozyctl bootstrap`, checked phase by phase; always torn
 // down, serial logs kept in $COZY_TEST_ARTIFACTS.
 func TestLab(t *testing.T) {
-	if os.Geteuid() != 0 {
-		prereq.Missing(t, "the lab needs root")
-	}
-	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			prereq.Missing(t, "%s is not installed (hack/install-deps.sh)", bin)
-		}
-	}
-	for _, f := range []string{lab.OVMFCode, "/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi"} {
-		if _, err := os.Stat(f); err != nil {
-			prereq.Missing(t, "%v (hack/install-deps.sh)", err)
-		}
-	}
-	for _, env := range []string{"COZY_BOOT_ASSETS", "KUBEBUILDER_ASSETS"} {
-		if os.Getenv(env) == "" {
-			prereq.Missing(t, "%s is not set (make lab-test sets it)", env)
-		}
-	}
-	sweepOrphanLabs()
-	node := nodeBinary(t)
+	requireLab(t)
 	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()), Nodes: 3, ControlPlanes: 1,
 		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir()}
-	if err := c.SetDefaults(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := lab.Down(context.Background(), &c, false); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-		keepSerialLogs(t, &c)
-	})
-	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
-	self, _ := os.Executable()
-	var progress strings.Builder
-	res, err := lab.Up(ctx, &c, lab.UpOptions{
-		Cozyctl: self,
-		Image: func(ctx context.Context) (lab.Image, error) {
-			img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
-			if err != nil {
-				return lab.Image{}, err
-			}
-			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
-		},
-		Stderr:  &progress,
-		Timeout: 15 * time.Minute,
-	})
-	if res != nil {
-		t.Logf("phases: %+v, accel %s", res.Phases, res.Accel)
-	}
-	if err != nil {
-		t.Fatalf("lab up: %v\n%s", err, tail(progress.String(), 40))
-	}
+	res, _ := upLab(ctx, t, &c)
 
 	// Netboot: every machine got its lease and fetched iPXE's script,
 	// the kernel and the initramfs, with the firmware the lab gave it.
@@ -138,6 +92,78 @@ func TestLab(t *testing.T) {
 	if v, err := version(ctx, &c, res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Errorf("/version: %q, %v", v, err)
 	}
+}
+
+// requireLab fails the test under CI, or skips it, when the lab cannot run
+// here.
+func requireLab(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "the lab needs root")
+	}
+	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			prereq.Missing(t, "%s is not installed (hack/install-deps.sh)", bin)
+		}
+	}
+	for _, f := range []string{lab.OVMFCode, "/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi"} {
+		if _, err := os.Stat(f); err != nil {
+			prereq.Missing(t, "%v (hack/install-deps.sh)", err)
+		}
+	}
+	for _, env := range []string{"COZY_BOOT_ASSETS", "KUBEBUILDER_ASSETS"} {
+		if os.Getenv(env) == "" {
+			prereq.Missing(t, "%s is not set (make lab-test sets it)", env)
+		}
+	}
+	sweepOrphanLabs()
+}
+
+// upLab is `cozyctl lab up` of c, with this test binary as cozyctl. It
+// fails the test if the lab does not come up, and returns a function that
+// tears it down (also run when the test ends) and keeps the serial logs
+// and the bootstrap's output in $COZY_TEST_ARTIFACTS.
+func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func()) {
+	t.Helper()
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	node := nodeBinary(t)
+	var progress syncbuf.Buffer // the bootstrap's log and progress
+	down := sync.OnceFunc(func() {
+		if err := lab.Down(context.Background(), c, false); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		keepArtifacts(t, c, progress.String())
+	})
+	t.Cleanup(down)
+	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
+	self, _ := os.Executable()
+	res, err := lab.Up(ctx, c, lab.UpOptions{
+		Cozyctl: self,
+		Image: func(ctx context.Context) (lab.Image, error) {
+			img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
+			if err != nil {
+				return lab.Image{}, err
+			}
+			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+		},
+		Stderr:  &progress,
+		Timeout: 15 * time.Minute,
+	})
+	if res != nil {
+		t.Logf("lab %s: %d nodes, accel %s, %s in all", c.Name, res.Nodes, res.Accel, res.Total)
+		for _, p := range res.Phases {
+			t.Logf("  %-34s %9s", p.Phase, p.Took)
+		}
+		for _, m := range res.Milestones {
+			t.Logf("    %-32s at %8s", m.Name, m.At)
+		}
+	}
+	if err != nil {
+		t.Fatalf("lab up: %v\n%s", err, tail(progress.String(), 40))
+	}
+	return res, down
 }
 
 // sweepOrphanLabs removes the namespaces of test labs whose test process
@@ -202,18 +228,22 @@ func version(ctx context.Context, c *lab.Config, kubeconfig string) (string, err
 	return v.GitVersion, json.Unmarshal(body, &v)
 }
 
-func keepSerialLogs(t *testing.T, c *lab.Config) {
+// keepArtifacts copies the VMs' serial logs and the bootstrap's output to
+// $COZY_TEST_ARTIFACTS.
+func keepArtifacts(t *testing.T, c *lab.Config, bootstrapLog string) {
 	dir := os.Getenv("COZY_TEST_ARTIFACTS")
 	if dir == "" {
 		return
 	}
+	_ = os.MkdirAll(dir, 0o755)
+	_ = os.WriteFile(filepath.Join(dir, "lab-"+c.Name+"-bootstrap.log"), []byte(bootstrapLog), 0o644)
 	for _, m := range c.Machines() {
 		data, err := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
 		if err != nil {
 			continue
 		}
 		_ = os.MkdirAll(dir, 0o755)
-		_ = os.WriteFile(filepath.Join(dir, "lab-"+m.Name+"-serial.log"), data, 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "lab-"+c.Name+"-"+m.Name+"-serial.log"), data, 0o644)
 	}
 }
 

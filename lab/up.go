@@ -1,14 +1,17 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,14 +54,23 @@ type PhaseTime struct {
 	Took  time.Duration `json:"took"`
 }
 
+// Milestone is when, counted from the start of `lab up`, the last
+// machine got somewhere during the bootstrap.
+type Milestone struct {
+	Name string        `json:"name"`
+	At   time.Duration `json:"at"`
+}
+
 // Result is what `lab up` reports.
 type Result struct {
 	Name       string        `json:"name"`
 	Dir        string        `json:"dir"`
 	Namespace  string        `json:"namespace"`
 	Accel      string        `json:"accel"`
+	Nodes      int           `json:"nodes"`
 	Kubeconfig string        `json:"kubeconfig"`
 	Phases     []PhaseTime   `json:"phases"`
+	Milestones []Milestone   `json:"milestones"`
 	Total      time.Duration `json:"total"`
 }
 
@@ -70,7 +82,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	start := time.Now()
-	res := &Result{Name: c.Name, Dir: c.Dir, Namespace: Namespace(c.Name)}
+	res := &Result{Name: c.Name, Dir: c.Dir, Namespace: Namespace(c.Name), Nodes: c.Nodes}
 	step := func(name string, f func() error) error {
 		t := time.Now()
 		o.Log.Info("lab: " + name)
@@ -113,23 +125,96 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	}); err != nil {
 		return res, err
 	}
-	args := c.BootstrapArgs(img)
+	args := append(c.BootstrapArgs(img), "-o", "json")
 	if o.Timeout > 0 {
 		args = append(args, "--timeout", o.Timeout.String())
 	}
-	if err := step("bootstrap", func() error {
+	err := step("bootstrap", func() error {
 		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace(c.Name), o.Cozyctl}, args...)...)
-		cmd.Stdout, cmd.Stderr = o.Stderr, o.Stderr
-		if err := cmd.Run(); err != nil {
+		cmd.Stderr = o.Stderr
+		events, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		res.Milestones = milestones(events, time.Since(start), len(machines))
+		if err := cmd.Wait(); err != nil {
 			return fmt.Errorf("cozyctl bootstrap: %w (serial logs: cozyctl lab console NODE --name %s)", err, c.Name)
 		}
 		return nil
-	}); err != nil {
+	})
+	res.Total = time.Since(start).Round(10 * time.Millisecond)
+	if err != nil {
 		return res, err
 	}
 	res.Kubeconfig = filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
-	res.Total = time.Since(start).Round(10 * time.Millisecond)
 	return res, nil
+}
+
+// milestones reads bootstrap's JSON events until they end and returns when
+// the last machine was netbooted and in maintenance mode, had its config,
+// was installed, when etcd was bootstrapped and when the API answered;
+// offset is when the bootstrap started. Milestones not reached by all
+// machines are left out.
+func milestones(events io.Reader, offset time.Duration, machines int) []Milestone {
+	steps := []struct {
+		name  string
+		phase state.Phase
+	}{
+		{"all machines in maintenance mode", state.Discovered},
+		{"all configs applied", state.Applied},
+		{"all machines installed", state.Configured},
+	}
+	first := map[state.Phase]map[string]time.Duration{}
+	var etcd, ready time.Duration
+	dec := json.NewDecoder(events)
+	for {
+		var e bootstrap.Event
+		if err := dec.Decode(&e); err != nil {
+			_, _ = io.Copy(io.Discard, events)
+			break
+		}
+		switch {
+		case e.Node == "" && e.Phase == state.Ready:
+			ready = e.Elapsed
+		case e.Node != "" && e.Phase == state.Bootstrap && etcd == 0:
+			etcd = e.Elapsed
+		}
+		if e.Node == "" {
+			continue
+		}
+		for _, s := range steps {
+			if !e.Phase.AtLeast(s.phase) {
+				continue
+			}
+			if first[s.phase] == nil {
+				first[s.phase] = map[string]time.Duration{}
+			}
+			if _, ok := first[s.phase][e.Node]; !ok {
+				first[s.phase][e.Node] = e.Elapsed
+			}
+		}
+	}
+	var out []Milestone
+	for _, s := range steps {
+		if len(first[s.phase]) < machines {
+			continue
+		}
+		out = append(out, Milestone{s.name, offset + slices.Max(slices.Collect(maps.Values(first[s.phase])))})
+	}
+	if etcd > 0 {
+		out = append(out, Milestone{"etcd bootstrapped", offset + etcd})
+	}
+	if ready > 0 {
+		out = append(out, Milestone{"the API answers", offset + ready})
+	}
+	slices.SortStableFunc(out, func(a, b Milestone) int { return cmp.Compare(a.At, b.At) })
+	for i := range out {
+		out[i].At = out[i].At.Round(100 * time.Millisecond)
+	}
+	return out
 }
 
 // BootstrapArgs is the `cozyctl bootstrap` command line of the lab, run

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -95,12 +94,16 @@ func (r labResult) Rows() [][]string {
 	return [][]string{{r.Name, r.Accel, r.Kubeconfig, r.Total.String()}}
 }
 
+// printPhases shows how long each step of `lab up` took and when, during
+// the bootstrap, the last machine got where.
 func printPhases(w io.Writer, res *lab.Result) {
-	var parts []string
+	fmt.Fprintf(w, "lab %s: %d nodes, %s, %s in all\n", res.Name, res.Nodes, res.Accel, res.Total)
 	for _, p := range res.Phases {
-		parts = append(parts, fmt.Sprintf("%s %s", p.Phase, p.Took))
+		fmt.Fprintf(w, "  %-36s %9s\n", p.Phase, p.Took)
 	}
-	fmt.Fprintf(w, "lab %s: %s\n", res.Name, strings.Join(parts, ", "))
+	for _, m := range res.Milestones {
+		fmt.Fprintf(w, "    %-34s at %8s\n", m.Name, m.At)
+	}
 }
 
 func newLabDownCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
