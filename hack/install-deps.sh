@@ -13,6 +13,7 @@ packages=(
 	qemu-utils      # qemu-img: qcow2 disks of lab VMs
 	ovmf            # UEFI firmware for those VMs
 	ipxe-qemu       # QEMU's NIC boot ROMs (iPXE)
+	radvd           # lab: tells iPXE there is no IPv6 router (it waits ~13 s per boot otherwise)
 	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
 	busybox-static  # the userland of test initramfs images
 	dnsmasq-base    # a real DHCP server for proxy mode to run beside

@@ -115,6 +115,9 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := step("network", func() error { return createNetwork(ctx, c.Name, machines) }); err != nil {
 		return res, err
 	}
+	if err := startRouterAdvertiser(ctx, c.Name, c.Dir); err != nil {
+		o.Log.Warn("lab: no IPv6 router advertisements", "err", err)
+	}
 	if err := step("vms", func() error {
 		for _, m := range machines {
 			if err := c.startVM(ctx, m, res.Accel); err != nil {
