@@ -27,7 +27,7 @@ func TestBenchBootstrap(t *testing.T) {
 		total  time.Duration
 	}
 	measure := func(name string, workers int, extra ...string) result {
-		r := newRackRig(t, workers)
+		r := newRackRig(t, 1, workers)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		start := time.Now()

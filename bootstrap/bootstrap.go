@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -181,6 +182,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		err := b.bootstrapEtcd(ctx, first)
 		if err == nil {
 			kubeconfig, err = b.kubeconfig(ctx, first)
+		}
+		if err == nil {
+			err = b.waitEtcdMembers(ctx, first, cps)
 		}
 		if err != nil {
 			errs <- err
@@ -529,6 +533,40 @@ func (b *run) bootstrapEtcd(ctx context.Context, first *rack.Machine) error {
 			err = errors.New("no members yet")
 		}
 		return err
+	})
+}
+
+// waitEtcdMembers waits until every control plane is a voting etcd
+// member: the others join by themselves once the cluster's API answers.
+func (b *run) waitEtcdMembers(ctx context.Context, first *rack.Machine, cps []string) error {
+	if len(cps) < 2 {
+		return nil
+	}
+	c, err := b.secure(ctx, b.st.Node(first.Hostname).IP)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	last := -1
+	return b.poll(ctx, "every control plane to join etcd", func() error {
+		members, err := talosapi.EtcdMembers(ctx, c)
+		if err != nil {
+			return err
+		}
+		var missing []string
+		for _, cp := range cps {
+			if !slices.Contains(members, cp) {
+				missing = append(missing, cp)
+			}
+		}
+		if len(missing) != last {
+			last = len(missing)
+			b.emitCluster(state.Bootstrap, fmt.Sprintf("etcd has %d of %d control planes", len(cps)-len(missing), len(cps)))
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("not etcd members yet: %s", strings.Join(missing, ", "))
+		}
+		return nil
 	})
 }
 

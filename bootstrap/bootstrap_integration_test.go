@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,8 +36,10 @@ import (
 
 // rackRig is a provisioning network in a namespace: a bridge where the
 // netboot server answers, and one veth per machine whose far end is the
-// machine's NIC, with its MAC. Machines are emulated Talos nodes
-// (lab/talosnode) running as processes on their addresses.
+// machine's NIC, with its MAC, in the machine's own namespace. Machines
+// are emulated Talos nodes (lab/talosnode) running as processes there, so
+// each has its own network stack as a real machine does (etcd checks that
+// a peer connects from an address its certificate names).
 type rackRig struct {
 	t        *testing.T
 	ns       *netnstest.NS
@@ -49,6 +52,7 @@ type rackRig struct {
 
 type emuNode struct {
 	host, role, mac, ip, iface string
+	ns                         *netnstest.NS // the machine's network stack
 	dir                        string
 	cmd                        *exec.Cmd
 	log                        *syncbuf.Buffer
@@ -60,7 +64,7 @@ const rigSubnet = "10.79.0"
 // really starts etcd.
 const bootstrapLogLine = "bootstrap: etcd and kube-apiserver started"
 
-func newRackRig(t *testing.T, workers int) *rackRig {
+func newRackRig(t *testing.T, controlPlanes, workers int) *rackRig {
 	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
@@ -75,10 +79,11 @@ func newRackRig(t *testing.T, workers int) *rackRig {
 	var machines strings.Builder
 	add := func(host, role string, i int) {
 		n := &emuNode{host: host, role: role, mac: fmt.Sprintf("52:54:00:79:00:%02x", i), ip: fmt.Sprintf("%s.%d", rigSubnet, 10+i),
-			iface: fmt.Sprintf("n%d", i), dir: filepath.Join(r.dir, "disk-"+host), log: &syncbuf.Buffer{}}
-		r.ns.IP(t, "link", "add", n.iface, "address", n.mac, "type", "veth", "peer", "name", n.iface+"p")
-		r.ns.IP(t, "link", "set", n.iface+"p", "master", "br0", "up")
-		r.ns.IP(t, "link", "set", n.iface, "up")
+			iface: "eth0", ns: netnstest.New(t, host), dir: filepath.Join(r.dir, "disk-"+host), log: &syncbuf.Buffer{}}
+		port := fmt.Sprintf("n%d", i)
+		netnstest.Veth(t, r.ns, port, "", n.ns, n.iface, "")
+		n.ns.IP(t, "link", "set", n.iface, "address", n.mac)
+		r.ns.IP(t, "link", "set", port, "master", "br0")
 		r.nodes = append(r.nodes, n)
 		fmt.Fprintf(&machines, `  - hostname: %s
     role: %s
@@ -88,9 +93,11 @@ func newRackRig(t *testing.T, workers int) *rackRig {
       - {mac: "%s", addresses: [%s/24]}
 `, host, role, n.mac, n.mac, n.ip)
 	}
-	add("cp1", "controlplane", 1)
+	for i := range controlPlanes {
+		add(fmt.Sprintf("cp%d", i+1), "controlplane", i+1)
+	}
 	for i := range workers {
-		add(fmt.Sprintf("w%d", i+1), "worker", i+2)
+		add(fmt.Sprintf("w%d", i+1), "worker", controlPlanes+i+1)
 	}
 	rackYAML := fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
 kind: Rack
@@ -161,7 +168,7 @@ func (r *rackRig) boot(ctx context.Context) {
 	}
 	wg.Wait()
 	for _, n := range r.nodes {
-		r.ns.IP(r.t, "addr", "add", n.ip+"/24", "dev", n.iface)
+		n.ns.IP(r.t, "addr", "add", n.ip+"/24", "dev", n.iface)
 		r.start(n)
 	}
 }
@@ -171,7 +178,7 @@ func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
 	hw, _ := net.ParseMAC(n.mac)
 	for {
 		var lease *nclient4.Lease
-		err := r.ns.Do(func() error {
+		err := n.ns.Do(func() error {
 			c, err := nclient4.New(n.iface, nclient4.WithHWAddr(hw), nclient4.WithTimeout(300*time.Millisecond), nclient4.WithRetry(1))
 			if err != nil {
 				return err
@@ -200,7 +207,7 @@ func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
 // start runs (or restarts) the emulated node with its disk.
 func (r *rackRig) start(n *emuNode) {
 	self, _ := os.Executable()
-	n.cmd = r.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.dir,
+	n.cmd = n.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.dir,
 		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms")
 	n.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_TALOS_NODE=1")
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
@@ -219,6 +226,11 @@ func (r *rackRig) start(n *emuNode) {
 		}
 		if r.t.Failed() {
 			r.t.Logf("node %s log:\n%s", n.host, tail(n.log.String(), 40))
+			for _, f := range []string{"etcd.log", "kube-apiserver.log"} {
+				if b, err := os.ReadFile(filepath.Join(n.dir, "logs", f)); err == nil {
+					r.t.Logf("node %s %s:\n%s", n.host, f, tail(string(b), 400))
+				}
+			}
 		}
 	})
 }
@@ -259,7 +271,7 @@ func (r *rackRig) failLogs(p *run) {
 // a cluster whose kubeconfig answers /version, found through the real
 // netboot server's inventory.
 func TestBootstrapRack(t *testing.T) {
-	r := newRackRig(t, 2)
+	r := newRackRig(t, 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	p := r.bootstrap()
@@ -311,6 +323,74 @@ func TestBootstrapRack(t *testing.T) {
 	}
 }
 
+// TestBootstrapHA bootstraps three control planes and a worker: etcd is
+// bootstrapped on cp1 only, cp2 and cp3 join it by themselves (as
+// learners, then promoted), and bootstrap ends once all three are voting
+// members, each running its own kube-apiserver.
+func TestBootstrapHA(t *testing.T) {
+	r := newRackRig(t, 3, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.boot(ctx)
+	var joined string
+	for e := range p.events {
+		if strings.HasPrefix(e.Message, "etcd has ") {
+			joined = e.Message
+		}
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	if joined != "etcd has 3 of 3 control planes" {
+		t.Errorf("last etcd membership event %q, want 3 of 3", joined)
+	}
+	for _, n := range r.nodes {
+		log := n.log.String()
+		bootstrapped := strings.Count(log, bootstrapLogLine)
+		promoted := strings.Count(log, "join etcd: promoted to a voting member")
+		want := map[string][2]int{"cp1": {1, 0}, "cp2": {0, 1}, "cp3": {0, 1}, "w1": {0, 0}}[n.host]
+		if bootstrapped != want[0] || promoted != want[1] {
+			t.Errorf("%s: bootstrapped %d times and joined %d times, want %d and %d", n.host, bootstrapped, promoted, want[0], want[1])
+		}
+	}
+	// Each control plane's kube-apiserver registered itself.
+	kubeconfig := filepath.Join(r.stateDir, bootstrap.KubeconfigFile)
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Dial = r.ns.DialContext
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for range 60 { // kube-apiservers register on their own schedule
+		got = got[:0]
+		resp, err := hc.Get(rc.Host + "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")
+		if err == nil {
+			var slice struct {
+				Endpoints []struct{ Addresses []string }
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&slice)
+			resp.Body.Close()
+			for _, e := range slice.Endpoints {
+				got = append(got, e.Addresses...)
+			}
+		}
+		if len(got) == 3 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	slices.Sort(got)
+	if want := []string{rigSubnet + ".11", rigSubnet + ".12", rigSubnet + ".13"}; !slices.Equal(got, want) {
+		t.Errorf("kubernetes EndpointSlice addresses %v, want %v", got, want)
+	}
+}
+
 func phaseList(ps []state.Phase) string {
 	s := make([]string, len(ps))
 	for i, p := range ps {
@@ -331,7 +411,7 @@ func tail(s string, n int) string {
 // phase in turn and runs it again: every run converges, secrets.yaml never
 // changes, and etcd is bootstrapped once.
 func TestBootstrapCrashResume(t *testing.T) {
-	r := newRackRig(t, 2)
+	r := newRackRig(t, 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	secretsPath := filepath.Join(r.stateDir, bootstrap.TalosDir, "secrets.yaml")

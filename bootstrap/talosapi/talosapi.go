@@ -176,7 +176,8 @@ func Apply(ctx context.Context, c *client.Client, config []byte) error {
 	return err
 }
 
-// EtcdMembers lists the etcd members a control plane knows; zero when etcd
+// EtcdMembers lists the hostnames of the voting etcd members a control
+// plane knows (learners, still catching up, are left out); zero when etcd
 // is not running there. (Calling Bootstrap on a node whose etcd merely is
 // down is safe: the node refuses, its data directory not being empty.)
 func EtcdMembers(ctx context.Context, c *client.Client) ([]string, error) {
@@ -191,7 +192,9 @@ func EtcdMembers(ctx context.Context, c *client.Client) ([]string, error) {
 	var names []string
 	for _, m := range resp.GetMessages() {
 		for _, member := range m.GetMembers() {
-			names = append(names, member.GetHostname())
+			if !member.GetIsLearner() {
+				names = append(names, member.GetHostname())
+			}
 		}
 	}
 	return names, nil

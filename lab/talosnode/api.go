@@ -170,7 +170,7 @@ func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRe
 	if n.pending {
 		return nil, status.Error(codes.Unavailable, "the node is rebooting")
 	}
-	if n.bootstrapped() {
+	if n.bootstrapped() || n.cp != nil {
 		return nil, status.Error(codes.AlreadyExists, "etcd data directory is not empty")
 	}
 	for _, bin := range []string{n.cfg.EtcdBinary, n.cfg.APIServerBinary} {
@@ -181,7 +181,7 @@ func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRe
 	if err := writeFileAtomic(filepath.Join(n.cfg.StateDir, BootstrappedFile), nil, 0o600); err != nil {
 		return nil, status.Errorf(codes.Internal, "write the bootstrap marker: %s", err)
 	}
-	cp, err := startControlPlane(n.cfg, mc, n.hostname, n.spawn)
+	cp, err := startControlPlane(n.cfg, mc, n.hostname, n.spawn, "")
 	if err != nil {
 		_ = os.Remove(filepath.Join(n.cfg.StateDir, BootstrappedFile))
 		return nil, status.Errorf(codes.Internal, "start etcd and kube-apiserver: %s", err)

@@ -52,8 +52,10 @@ func (f controlPlaneFiles) path(name string) string { return filepath.Join(f.dir
 
 // startControlPlane writes the certificates and starts etcd, then
 // kube-apiserver once etcd answers. Both are restarted if they exit, and
-// stopped by stop.
-func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawner) (*controlPlane, error) {
+// stopped by stop. initialCluster is empty for a new cluster (bootstrap,
+// or a restart with data), else the members of the cluster this node
+// joins (joinEtcd).
+func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawner, initialCluster string) (*controlPlane, error) {
 	pki := controlPlaneFiles{filepath.Join(c.StateDir, PKIDir)}
 	etcdClient, err := writePKI(pki, c, mc, hostname)
 	if err != nil {
@@ -64,25 +66,15 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 			return nil, err
 		}
 	}
-	etcdCA := stdx509.NewCertPool()
-	etcdCA.AppendCertsFromPEM(mc.Cluster().Etcd().CA().Crt)
-
 	// kube-apiserver stops first: it holds connections to etcd.
 	etcdCtx, stopEtcd := context.WithCancel(context.Background())
 	apiCtx, stopAPI := context.WithCancel(etcdCtx)
 	cp := &controlPlane{
 		log:     c.Logger,
 		etcdURL: "https://" + c.hostPort(EtcdClientPort),
-		etcd: &http.Client{
-			Timeout: 10 * time.Second,
-			Transport: &http.Transport{TLSClientConfig: &tls.Config{
-				RootCAs:      etcdCA,
-				Certificates: []tls.Certificate{etcdClient},
-				MinVersion:   tls.VersionTLS12,
-			}},
-		},
+		etcd:    etcdHTTPClient(mc, etcdClient),
 	}
-	etcdArgs := etcdArgs(c, hostname, pki)
+	etcdArgs := etcdArgs(c, hostname, pki, initialCluster)
 	apiArgs, err := apiServerArgs(c, mc, pki)
 	if err != nil {
 		stopAPI()
@@ -187,9 +179,13 @@ func (cp *controlPlane) members(ctx context.Context) ([]*machine.EtcdMember, err
 	return out, nil
 }
 
-func etcdArgs(c Config, hostname string, pki controlPlaneFiles) []string {
+func etcdArgs(c Config, hostname string, pki controlPlaneFiles, initialCluster string) []string {
 	client := "https://" + c.hostPort(EtcdClientPort)
 	peer := "https://" + c.hostPort(EtcdPeerPort)
+	clusterState := "existing"
+	if initialCluster == "" {
+		initialCluster, clusterState = hostname+"="+peer, "new"
+	}
 	return []string{
 		"--name=" + hostname,
 		"--data-dir=" + filepath.Join(c.StateDir, EtcdDir),
@@ -197,8 +193,8 @@ func etcdArgs(c Config, hostname string, pki controlPlaneFiles) []string {
 		"--advertise-client-urls=" + client,
 		"--listen-peer-urls=" + peer,
 		"--initial-advertise-peer-urls=" + peer,
-		"--initial-cluster=" + hostname + "=" + peer,
-		"--initial-cluster-state=new",
+		"--initial-cluster=" + initialCluster,
+		"--initial-cluster-state=" + clusterState,
 		"--client-cert-auth=true",
 		"--trusted-ca-file=" + pki.path("etcd-ca.crt"),
 		"--cert-file=" + pki.path("etcd-server.crt"),

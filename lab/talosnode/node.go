@@ -152,15 +152,22 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 }
 
-// booted is what one boot serves.
+// booted is what one boot serves and runs.
 type booted struct {
 	servers []*grpc.Server
+	// background work of this boot (joining etcd), stopped first.
+	cancel context.CancelFunc
+	work   sync.WaitGroup
 }
 
-// stop closes the listeners. In-flight requests finish first (so the
-// reply that asked for a reboot reaches its client), but open watches do
-// not hold a reboot up for long.
+// stop ends the boot's background work and closes the listeners.
+// In-flight requests finish first (so the reply that asked for a reboot
+// reaches its client), but open watches do not hold a reboot up for long.
 func (b *booted) stop() {
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.work.Wait()
 	var wg sync.WaitGroup
 	for _, s := range b.servers {
 		wg.Add(1)
@@ -271,11 +278,18 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 		b.servers = append(b.servers, td)
 	}
 
-	if controlPlane && n.bootstrapped() {
+	switch {
+	case controlPlane && n.bootstrapped():
 		if err := n.startControlPlane(mc, hostname); err != nil {
 			b.stop()
 			return nil, err
 		}
+	case controlPlane && trustdCert != nil:
+		// Every control plane but the one bootstrapped joins etcd by
+		// itself. Run's context outlives reboots, so the join gets its own.
+		var joinCtx context.Context
+		joinCtx, b.cancel = context.WithCancel(context.Background())
+		b.work.Go(func() { n.joinEtcd(joinCtx, mc, hostname) })
 	}
 	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
 		b.stop()
@@ -310,7 +324,7 @@ func (n *Node) bootstrapped() bool {
 }
 
 func (n *Node) startControlPlane(mc config.Config, hostname string) error {
-	cp, err := startControlPlane(n.cfg, mc, hostname, n.spawn)
+	cp, err := startControlPlane(n.cfg, mc, hostname, n.spawn, "")
 	if err != nil {
 		return err
 	}
