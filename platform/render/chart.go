@@ -12,6 +12,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 
+	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/charts"
 )
 
@@ -44,18 +45,20 @@ func LoadChart(name string) (*chart.Chart, error) {
 }
 
 // Chart renders a chart with values over its defaults, as `helm template`
-// would for a release named release in namespace. The values are checked
+// would for a release named release in namespace, on Kubernetes
+// kubeVersion (empty: the version a rack gets by default). The values are checked
 // against the chart's values.schema.json first. The result maps each
 // template's path below templates/ to its non-empty output.
 func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersion string) (map[string]string, error) {
 	caps := chartutil.DefaultCapabilities.Copy()
-	if kubeVersion != "" {
-		kv, err := chartutil.ParseKubeVersion(kubeVersion)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes version %q: %w", kubeVersion, err)
-		}
-		caps.KubeVersion = *kv
+	if kubeVersion == "" {
+		kubeVersion = rack.DefaultKubernetesVersion
 	}
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes version %q: %w", kubeVersion, err)
+	}
+	caps.KubeVersion = *kv
 	if want := c.Metadata.KubeVersion; want != "" && !chartutil.IsCompatibleRange(want, caps.KubeVersion.String()) {
 		return nil, fmt.Errorf("chart %s needs Kubernetes %s, the cluster runs %s", c.Name(), want, caps.KubeVersion.String())
 	}
