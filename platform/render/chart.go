@@ -1,9 +1,11 @@
 package render
 
 import (
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -67,7 +69,8 @@ func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersio
 		return nil, fmt.Errorf("chart %s values: %w", c.Name(), err)
 	}
 	if err := chartutil.ValidateAgainstSchema(c, vals); err != nil {
-		return nil, &SchemaError{Chart: c.Name(), Details: strings.TrimSpace(strings.TrimPrefix(err.Error(), c.Name()+":\n"))}
+		details := strings.TrimSpace(strings.TrimPrefix(err.Error(), c.Name()+":\n"))
+		return nil, &SchemaError{Chart: c.Name(), Details: humanize(details, c.Schema)}
 	}
 	top, err := chartutil.ToRenderValuesWithSchemaValidation(c, vals,
 		chartutil.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true, Revision: 1}, caps, true)
@@ -112,4 +115,46 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+var patternMismatch = regexp.MustCompile(`does not match pattern '((?:[^']|'')*)'`)
+
+// humanize replaces the regular expressions in schema messages with the
+// description the schema gives next to each pattern ("is not an IPv4 CIDR
+// such as 10.244.0.0/16"), so a person reads what was expected.
+func humanize(details string, schema []byte) string {
+	described := map[string]string{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			p, _ := v["pattern"].(string)
+			d, _ := v["description"].(string)
+			if p != "" && d != "" {
+				described[p] = d
+			}
+			for _, k := range sortedKeys(v) {
+				walk(v[k])
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	var doc any
+	if json.Unmarshal(schema, &doc) != nil {
+		return details
+	}
+	walk(doc)
+	return patternMismatch.ReplaceAllStringFunc(details, func(m string) string {
+		// The validator prints the pattern as Go quotes it in JSON.
+		re := patternMismatch.FindStringSubmatch(m)[1]
+		for p, d := range described {
+			if q, _ := json.Marshal(p); re == p || re == strings.Trim(string(q), `"`) {
+				return "is not " + d
+			}
+		}
+		return m
+	})
 }
