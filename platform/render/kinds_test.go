@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
-	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 )
 
 // TestUpstreamCustomResources decodes the custom resources whose CRDs the
