@@ -10,6 +10,7 @@ require (
 	github.com/fluxcd/kustomize-controller/api v1.9.6
 	github.com/fluxcd/source-controller/api v1.9.6
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
+	github.com/pierrec/lz4/v4 v4.1.14
 	github.com/pin/tftp/v3 v3.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/siderolabs/crypto v0.6.5
@@ -101,7 +102,6 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/openshift/custom-resource-status v1.1.2 // indirect
 	github.com/petermattis/goid v0.0.0-20240813172612-4fcff4a6cae7 // indirect
-	github.com/pierrec/lz4/v4 v4.1.14 // indirect
 	github.com/pkg/browser v0.0.0-20240102092130-5ac0b6a4141c // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20250313105119-ba97887b0a25 // indirect
