@@ -298,6 +298,9 @@ func TestComponentsAreComplete(t *testing.T) {
 						if !strings.Contains(r, "/releases/download/v") {
 							t.Errorf("%s: remote resource %s is not a pinned release asset", kfile, r)
 						}
+						if !strings.Contains(string(data), "kustomize.toolkit.fluxcd.io/prune: disabled") {
+							t.Errorf("%s: Flux would prune the CRDs of %s with the component", kfile, r)
+						}
 					default:
 						if _, ok := l.Files[path.Join(dir, r)]; !ok {
 							t.Errorf("%s lists %s, which the layout does not have", kfile, r)

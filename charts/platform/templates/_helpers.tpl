@@ -133,3 +133,22 @@ spec:
     mediaType: application/vnd.cncf.helm.chart.content.v1.tar+gzip
     operation: copy
 {{- end }}
+
+{{/*
+platform.keepCRDs: a kustomize patch that stops Flux from pruning the
+CRDs of a release manifest: removing the component from Git must not
+delete the KubeVirt or CDI resource through its CRD, and with it every
+VM and disk the operator manages.
+*/}}
+{{- define "platform.keepCRDs" -}}
+patches:
+  - target:
+      kind: CustomResourceDefinition
+    patch: |
+      apiVersion: apiextensions.k8s.io/v1
+      kind: CustomResourceDefinition
+      metadata:
+        name: any
+        annotations:
+          kustomize.toolkit.fluxcd.io/prune: disabled
+{{- end }}
