@@ -80,6 +80,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newRackCommand(g))
 	root.AddCommand(newTalosCommand(g))
 	root.AddCommand(newBootstrapCommand(g))
+	root.AddCommand(newPlatformCommand(g))
 	root.AddCommand(newLabCommand(g))
 	return root, g
 }

@@ -1,0 +1,160 @@
+package render
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/charts"
+)
+
+// LoadChart loads chart name (a folder of charts.FS) the way Helm loads a
+// chart directory.
+func LoadChart(name string) (*chart.Chart, error) {
+	var files []*loader.BufferedFile
+	err := fs.WalkDir(charts.FS, name, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := fs.ReadFile(charts.FS, p)
+		if err != nil {
+			return err
+		}
+		files = append(files, &loader.BufferedFile{Name: strings.TrimPrefix(p, name+"/"), Data: data})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read chart %s: %w", name, err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("chart %s is not embedded", name)
+	}
+	c, err := loader.LoadFiles(files)
+	if err != nil {
+		return nil, fmt.Errorf("load chart %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// Chart renders a chart with values over its defaults, as `helm template`
+// would for a release named release in namespace, on Kubernetes
+// kubeVersion (empty: the version a rack gets by default). The values are checked
+// against the chart's values.schema.json first. The result maps each
+// template's path below templates/ to its non-empty output.
+func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersion string) (map[string]string, error) {
+	caps := chartutil.DefaultCapabilities.Copy()
+	if kubeVersion == "" {
+		kubeVersion = rack.DefaultKubernetesVersion
+	}
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes version %q: %w", kubeVersion, err)
+	}
+	caps.KubeVersion = *kv
+	if want := c.Metadata.KubeVersion; want != "" && !chartutil.IsCompatibleRange(want, caps.KubeVersion.String()) {
+		return nil, fmt.Errorf("chart %s needs Kubernetes %s, the cluster runs %s", c.Name(), want, caps.KubeVersion.String())
+	}
+	vals, err := chartutil.CoalesceValues(c, values)
+	if err != nil {
+		return nil, fmt.Errorf("chart %s values: %w", c.Name(), err)
+	}
+	if err := chartutil.ValidateAgainstSchema(c, vals); err != nil {
+		details := strings.TrimSpace(strings.TrimPrefix(err.Error(), c.Name()+":\n"))
+		return nil, &SchemaError{Chart: c.Name(), Details: humanize(details, c.Schema)}
+	}
+	top, err := chartutil.ToRenderValuesWithSchemaValidation(c, vals,
+		chartutil.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true, Revision: 1}, caps, true)
+	if err != nil {
+		return nil, fmt.Errorf("chart %s values: %w", c.Name(), err)
+	}
+	out, err := engine.Engine{Strict: true}.Render(c, top)
+	if err != nil {
+		return nil, fmt.Errorf("render chart %s: %w", c.Name(), err)
+	}
+	prefix := c.Name() + "/templates/"
+	files := map[string]string{}
+	for name, text := range out {
+		if !strings.HasPrefix(name, prefix) || strings.TrimSpace(text) == "" {
+			continue // partials, NOTES.txt, disabled templates
+		}
+		rel := strings.TrimPrefix(name, prefix)
+		if path.Base(rel) == "NOTES.txt" {
+			continue
+		}
+		files[rel] = text
+	}
+	return files, nil
+}
+
+// SchemaError is values that the chart's values.schema.json rejects.
+type SchemaError struct {
+	Chart string
+	// Details lists each violation: the value's path and what is wrong.
+	Details string
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("values for chart %s do not match its values.schema.json:\n%s", e.Chart, e.Details)
+}
+
+// sortedKeys returns m's keys in order, for deterministic output.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+var patternMismatch = regexp.MustCompile(`does not match pattern '((?:[^']|'')*)'`)
+
+// humanize replaces the regular expressions in schema messages with the
+// description the schema gives next to each pattern ("is not an IPv4 CIDR
+// such as 10.244.0.0/16"), so a person reads what was expected.
+func humanize(details string, schema []byte) string {
+	described := map[string]string{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			p, _ := v["pattern"].(string)
+			d, _ := v["description"].(string)
+			if p != "" && d != "" {
+				described[p] = d
+			}
+			for _, k := range sortedKeys(v) {
+				walk(v[k])
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	var doc any
+	if json.Unmarshal(schema, &doc) != nil {
+		return details
+	}
+	walk(doc)
+	return patternMismatch.ReplaceAllStringFunc(details, func(m string) string {
+		// The validator prints the pattern as Go quotes it in JSON.
+		re := patternMismatch.FindStringSubmatch(m)[1]
+		for p, d := range described {
+			if q, _ := json.Marshal(p); re == p || re == strings.Trim(string(q), `"`) {
+				return "is not " + d
+			}
+		}
+		return m
+	})
+}

@@ -1,0 +1,96 @@
+package render_test
+
+import (
+	"path"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+// TestKustomizeBuilds runs kustomize (the library kustomize-controller
+// builds with) on the cluster folder and every component folder, as Flux
+// will. Remote release manifests cannot be fetched here, so each is
+// replaced by a stand-in CRD, which must come out unprunable.
+func TestKustomizeBuilds(t *testing.T) {
+	for name, l := range layouts(t) {
+		t.Run(name, func(t *testing.T) {
+			fs := filesys.MakeFsInMemory()
+			var dirs []string
+			for _, p := range l.Paths() {
+				data := l.Files[p]
+				if path.Base(p) == "kustomization.yaml" {
+					dirs = append(dirs, path.Dir(p))
+					data = withoutRemote(t, p, data)
+					if err := fs.WriteFile("/"+path.Join(path.Dir(p), "standin-crd.yaml"), []byte(standinCRD)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := fs.WriteFile("/"+p, data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+			for _, dir := range dirs {
+				res, err := k.Run(fs, "/"+dir)
+				if err != nil {
+					t.Errorf("kustomize build %s: %v", dir, err)
+					continue
+				}
+				if len(res.Resources()) == 0 {
+					t.Errorf("kustomize build %s: no objects", dir)
+				}
+				for _, r := range res.Resources() {
+					if r.GetKind() == "CustomResourceDefinition" && r.GetAnnotations()["kustomize.toolkit.fluxcd.io/prune"] != "disabled" {
+						t.Errorf("kustomize build %s: Flux may prune CRD %s", dir, r.GetName())
+					}
+				}
+				if dir == l.ClusterDir {
+					// The root applies only the component Kustomizations.
+					for _, r := range res.Resources() {
+						if r.GetKind() != "Kustomization" {
+							t.Errorf("the cluster folder's root applies %s %s itself", r.GetKind(), r.GetName())
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+const standinCRD = `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: standins.example.com
+spec:
+  group: example.com
+  names: {kind: Standin, plural: standins}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}]
+`
+
+// withoutRemote replaces the https:// resources of a kustomization.yaml
+// with standin-crd.yaml.
+func withoutRemote(t *testing.T, file string, data []byte) []byte {
+	t.Helper()
+	var k map[string]any
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	res, _ := k["resources"].([]any)
+	var kept []any
+	for _, r := range res {
+		if s, _ := r.(string); strings.HasPrefix(s, "https://") {
+			r = "standin-crd.yaml"
+		}
+		kept = append(kept, r)
+	}
+	k["resources"] = kept
+	out, err := yaml.Marshal(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -1,0 +1,196 @@
+package render_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/charts"
+	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/platform/render"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files and clusters/lab")
+
+// repoRoot is where clusters/ and charts/ live, seen from this package.
+const repoRoot = "../.."
+
+// labRack is the rack `cozyctl lab up` writes for a lab named "lab" with
+// the default shape: the rack clusters/lab is rendered from.
+func labRack(t testing.TB) *rack.Rack {
+	t.Helper()
+	c := lab.Config{Name: "lab", Dir: "/var/lib/cozy/labs/lab"}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := rack.Parse(c.Rack(), "lab-rack.yaml", t.TempDir())
+	if err != nil {
+		t.Fatalf("lab rack: %v", err)
+	}
+	return r
+}
+
+// exampleRack is `cozyctl rack init --name NAME` with edits applied.
+func exampleRack(t testing.TB, name string, edits ...string) *rack.Rack {
+	t.Helper()
+	data, err := rack.Example(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(edits); i += 2 {
+		if !bytes.Contains(data, []byte(edits[i])) {
+			t.Fatalf("example rack has no %q to edit", edits[i])
+		}
+		data = bytes.Replace(data, []byte(edits[i]), []byte(edits[i+1]), 1)
+	}
+	r, err := rack.Parse(data, name+".yaml", t.TempDir())
+	if err != nil {
+		t.Fatalf("example rack: %v", err)
+	}
+	return r
+}
+
+func mustRender(t testing.TB, r *rack.Rack) *render.Layout {
+	t.Helper()
+	l, err := render.Render(r)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return l
+}
+
+// TestLabLayoutIsCommitted keeps clusters/lab (and the charts it installs
+// from the repository) identical to what the lab rack renders.
+func TestLabLayoutIsCommitted(t *testing.T) {
+	l := mustRender(t, labRack(t))
+	if l.ClusterDir != "clusters/lab" {
+		t.Fatalf("cluster folder = %q, want clusters/lab", l.ClusterDir)
+	}
+	if *update {
+		if err := l.Write(repoRoot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	diff, err := l.Diff(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(diff) > 0 {
+		t.Errorf("clusters/lab is not what the lab rack renders; run go test ./platform/render -update and review:\n  %s", strings.Join(diff, "\n  "))
+	}
+}
+
+// golden compares got with testdata/golden/name, or rewrites it.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	file := filepath.Join("testdata", "golden", name)
+	if *update {
+		if err := os.WriteFile(file, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("%v (run go test ./platform/render -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the rendering; run go test ./platform/render -update and review the diff", file)
+	}
+}
+
+// concat joins a layout's cluster files, each under a "# file:" line.
+func concat(l *render.Layout) []byte {
+	var b bytes.Buffer
+	for _, p := range l.Paths() {
+		if !strings.HasPrefix(p, l.ClusterDir+"/") {
+			continue
+		}
+		b.WriteString("# file: " + p + "\n")
+		b.Write(l.Files[p])
+	}
+	return b.Bytes()
+}
+
+func TestGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		layout func(t *testing.T) *render.Layout
+	}{
+		{"defaults.yaml", func(t *testing.T) *render.Layout {
+			// The chart's own defaults; only what has none is given.
+			l, err := render.RenderValues(map[string]any{
+				"cluster": map[string]any{"name": "defaults"},
+				"git":     map[string]any{"path": "clusters/defaults"},
+			}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}},
+		{"example-lvm-thin.yaml", func(t *testing.T) *render.Layout { return mustRender(t, exampleRack(t, "prod")) }},
+		{"example-zfs.yaml", func(t *testing.T) *render.Layout {
+			return mustRender(t, exampleRack(t, "zfs", "backend: lvm-thin", "backend: zfs"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { golden(t, tc.name, concat(tc.layout(t))) })
+	}
+
+	t.Run("cozy-operator.yaml", func(t *testing.T) {
+		c, err := render.LoadChart(charts.CozyOperator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := render.Chart(c, nil, "cozy-operator", "cozy-system", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		for _, name := range sortedKeys(files) {
+			b.WriteString("# file: " + name + "\n" + strings.TrimLeft(files[name], "\n"))
+		}
+		golden(t, "cozy-operator.yaml", b.Bytes())
+	})
+}
+
+func TestRenderIsDeterministic(t *testing.T) {
+	r := exampleRack(t, "prod")
+	a, b := mustRender(t, r), mustRender(t, r)
+	if !bytes.Equal(concat(a), concat(b)) {
+		t.Fatal("two renderings of one rack differ")
+	}
+}
+
+// TestRackDrivesValues checks that what the rack says reaches the objects.
+func TestRackDrivesValues(t *testing.T) {
+	l := mustRender(t, exampleRack(t, "prod",
+		"# podSubnets: [10.244.0.0/16]", "podSubnets: [10.200.0.0/16]",
+		"backend: lvm-thin", "backend: zfs"))
+	for file, wants := range map[string][]string{
+		"clusters/prod/components/networking/kube-ovn.yaml":         {`POD_CIDR: "10.200.0.0/16"`, `POD_GATEWAY: "10.200.0.1"`, `MASTER_NODES: "192.168.100.11,192.168.100.12,192.168.100.13"`},
+		"clusters/prod/components/metallb-pool/pool.yaml":           {"- 192.168.100.200-192.168.100.250"},
+		"clusters/prod/components/linstor/linstor-cluster.yaml":     {"zfsThinPool:", "zPool: data", "- /dev/sdb"},
+		"clusters/prod/components/kamaji/kamaji.yaml":               {`clusterDomain: "cozy.local"`},
+		"clusters/prod/platform.yaml":                               {"path: ./clusters/prod/components/networking"},
+		"clusters/prod/components/cozy-operator/cozy-operator.yaml": {"chart: ./charts/cozy-operator"},
+	} {
+		got := string(l.Files[file])
+		for _, w := range wants {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s lacks %q", file, w)
+			}
+		}
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	l := &render.Layout{Files: map[string][]byte{}}
+	for k := range m {
+		l.Files[k] = nil
+	}
+	return l.Paths()
+}

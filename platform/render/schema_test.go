@@ -1,0 +1,115 @@
+package render_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/charts"
+	"cozy.dev/cozy/platform/render"
+)
+
+// valid is the least the platform chart needs; each case changes one thing.
+func valid() map[string]any {
+	return map[string]any{
+		"cluster": map[string]any{"name": "lab"},
+		"git":     map[string]any{"path": "clusters/lab"},
+	}
+}
+
+func with(path string, v any) map[string]any {
+	vals := valid()
+	keys := strings.Split(path, ".")
+	m := vals
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[k] = next
+		}
+		m = next
+	}
+	m[keys[len(keys)-1]] = v
+	return vals
+}
+
+// TestPlatformSchemaRejects lists values the platform chart must refuse,
+// each with the path and the reason the message must name.
+func TestPlatformSchemaRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   []string
+	}{
+		{"no cluster name", with("cluster.name", ""), []string{"at '/cluster/name': '' is not a DNS label"}},
+		{"upper-case cluster name", with("cluster.name", "Lab"), []string{"at '/cluster/name': 'Lab' is not a DNS label: lower-case letters, digits and '-'"}},
+		{"no git path", with("git.path", ""), []string{"/git/path"}},
+		{"git path leaves the repository", with("git.path", "../elsewhere"), []string{"/git/path"}},
+		{"absolute git path", with("git.path", "/clusters/lab"), []string{"/git/path"}},
+		{"pod CIDR with host bits out of range", with("network.podCIDR", "10.244.0.0/33"), []string{"at '/network/podCIDR': '10.244.0.0/33' is not an IPv4 CIDR such as 10.244.0.0/16"}},
+		{"pod gateway not an address", with("network.podGateway", "10.244.0"), []string{"/network/podGateway"}},
+		{"IPv6 service CIDR", with("network.serviceCIDR", "fd00::/108"), []string{"/network/serviceCIDR"}},
+		{"load balancer pool entry", with("metallb.addresses", []any{"192.168.1.10..20"}), []string{"at '/metallb/addresses/0': '192.168.1.10..20' is not an IPv4 range such as 192.168.100.200-192.168.100.250"}},
+		{"storage backend", with("storage.backend", "ceph"), []string{"/storage/backend", "value must be one of 'lvm-thin', 'zfs'"}},
+		{"storage device not under /dev", with("storage.devices", []any{"sdb"}), []string{"at '/storage/devices/0': 'sdb' is not a device path under /dev/"}},
+		{"zero replicas", with("storage.replicas", 0), []string{"/storage/replicas", "minimum"}},
+		{"misspelt section", with("metalb", map[string]any{"addresses": []any{}}), []string{"additional properties 'metalb' not allowed"}},
+		{"misspelt field", with("storage.device", []any{"/dev/sdb"}), []string{"/storage", "additional properties 'device' not allowed"}},
+		{"version range instead of a pin", with("versions.cilium", "~1.20"), []string{"at '/versions/cilium': '~1.20' is not an exact chart version such as 1.2.3 (no ranges: versions are pinned)"}},
+		{"release without its v", with("versions.kubevirt", "1.9.0"), []string{"/versions/kubevirt"}},
+		{"interval in words", with("flux.interval", "ten minutes"), []string{"/flux/interval"}},
+		{"feature gate spelling", with("kubevirt.featureGates", []any{"live-migration"}), []string{"/kubevirt/featureGates/0"}},
+		{"emulation not a boolean", with("kubevirt.useEmulation", "yes"), []string{"/kubevirt/useEmulation", "want boolean"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := render.RenderValues(tc.values, "")
+			var se *render.SchemaError
+			if !errors.As(err, &se) {
+				t.Fatalf("got %v, want a schema error", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestPlatformSchemaAcceptsValid(t *testing.T) {
+	if _, err := render.RenderValues(valid(), ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOperatorSchemaRejects(t *testing.T) {
+	c, err := render.LoadChart(charts.CozyOperator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   []string
+	}{
+		{"no replicas", map[string]any{"replicas": 0}, []string{"/replicas", "minimum"}},
+		{"log level", map[string]any{"logLevel": "verbose"}, []string{"/logLevel", "value must be one of"}},
+		{"privileged metrics port", map[string]any{"metrics": map[string]any{"port": 80}}, []string{"/metrics/port", "minimum"}},
+		{"image with tag in repository", map[string]any{"image": map[string]any{"repository": "Ghcr.io/Cozy"}}, []string{"/image/repository"}},
+		{"several replicas without leader election", map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, []string{"at '/replicas': maximum: got 2, want 1"}},
+		{"misspelt field", map[string]any{"replica": 2}, []string{"additional properties 'replica' not allowed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")
+			var se *render.SchemaError
+			if !errors.As(err, &se) {
+				t.Fatalf("got %v, want a schema error", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
