@@ -64,7 +64,9 @@ const rigSubnet = "10.79.0"
 // really starts etcd.
 const bootstrapLogLine = "bootstrap: etcd and kube-apiserver started"
 
-func newRackRig(t *testing.T, controlPlanes, workers int) *rackRig {
+// newRackRig makes the rig for a rack of control planes and workers; rack
+// is extra top-level YAML for the rack file (a cluster: section).
+func newRackRig(t *testing.T, controlPlanes, workers int, rack ...string) *rackRig {
 	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
@@ -102,7 +104,7 @@ func newRackRig(t *testing.T, controlPlanes, workers int) *rackRig {
 	rackYAML := fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
 kind: Rack
 metadata: {name: itest}
-network:
+`+strings.Join(rack, "")+`network:
   interface: br0
   subnet: %[1]s.0/24
   dhcp: {mode: full, range: %[1]s.100-%[1]s.199}
@@ -323,12 +325,15 @@ func TestBootstrapRack(t *testing.T) {
 	}
 }
 
-// TestBootstrapHA bootstraps three control planes and a worker: etcd is
-// bootstrapped on cp1 only, cp2 and cp3 join it by themselves (as
-// learners, then promoted), and bootstrap ends once all three are voting
-// members, each running its own kube-apiserver.
+// TestBootstrapHA bootstraps three control planes and a worker behind a
+// VIP: etcd is bootstrapped on cp1 only, cp2 and cp3 join it by themselves
+// (as learners, then promoted), one control plane holds the VIP (the
+// cluster endpoint, and where the worker gets its certificate), and
+// bootstrap ends once all three are voting members, each running its own
+// kube-apiserver.
 func TestBootstrapHA(t *testing.T) {
-	r := newRackRig(t, 3, 1)
+	const vip = rigSubnet + ".9"
+	r := newRackRig(t, 3, 1, "cluster: {vip: "+vip+"}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	p := r.bootstrap()
@@ -355,11 +360,24 @@ func TestBootstrapHA(t *testing.T) {
 			t.Errorf("%s: bootstrapped %d times and joined %d times, want %d and %d", n.host, bootstrapped, promoted, want[0], want[1])
 		}
 	}
-	// Each control plane's kube-apiserver registered itself.
+	var holders int
+	for _, n := range r.nodes {
+		if strings.Contains(n.log.String(), "vip: this node holds the shared address") {
+			holders++
+		}
+	}
+	if holders < 1 {
+		t.Error("no control plane took the VIP")
+	}
+	// Each control plane's kube-apiserver registered itself; the
+	// kubeconfig reaches them through the VIP.
 	kubeconfig := filepath.Join(r.stateDir, bootstrap.KubeconfigFile)
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rc.Host != "https://"+vip+":6443" {
+		t.Errorf("kubeconfig server %s, want the VIP", rc.Host)
 	}
 	rc.Dial = r.ns.DialContext
 	hc, err := rest.HTTPClientFor(rc)

@@ -137,6 +137,9 @@ func (c *Config) SetDefaults() error {
 var (
 	Subnet   = netip.MustParsePrefix("192.168.77.0/24")
 	ServerIP = netip.MustParseAddr("192.168.77.1")
+	// VIP is the API endpoint of a lab with three control planes: the
+	// one holding it moves it when it fails, as on a real rack.
+	VIP = netip.MustParseAddr("192.168.77.10")
 	// RangeFrom-RangeTo is the DHCP pool for anything not in the rack.
 	RangeFrom = netip.MustParseAddr("192.168.77.100")
 	RangeTo   = netip.MustParseAddr("192.168.77.199")
@@ -205,8 +208,11 @@ network:
   dhcp:
     mode: full               # the lab's netboot server is its only DHCP server
     range: %[6]s-%[7]s
-machines:
 `, c.Name, Bridge, Namespace(c.Name), filepath.Join(c.Dir, "rack.yaml"), Subnet, RangeFrom, RangeTo)
+	if c.ControlPlanes > 1 {
+		fmt.Fprintf(&b, "cluster:\n  vip: %s                 # the API endpoint: the control planes elect its holder\n", VIP)
+	}
+	b.WriteString("machines:\n")
 	for _, m := range c.Machines() {
 		fmt.Fprintf(&b, `  - hostname: %s
     role: %s

@@ -39,19 +39,30 @@ func TestMachines(t *testing.T) {
 	}
 }
 
-// The rack a lab writes is valid and describes its machines.
+// The rack a lab writes is valid and describes its machines; three
+// control planes share a VIP as their endpoint, one is the endpoint.
 func TestRackValidates(t *testing.T) {
-	for _, fw := range []string{FirmwareBIOS, FirmwareUEFI, FirmwareMixed} {
-		c := Config{Name: "lab-" + fw, Nodes: 4, ControlPlanes: 3, Firmware: fw, Dir: "/tmp/lab"}
+	for _, tc := range []struct {
+		fw            string
+		controlPlanes int
+		endpoint      string
+	}{
+		{FirmwareBIOS, 3, "https://192.168.77.10:6443"},
+		{FirmwareUEFI, 3, "https://192.168.77.10:6443"},
+		{FirmwareMixed, 3, "https://192.168.77.10:6443"},
+		{FirmwareMixed, 1, "https://192.168.77.11:6443"},
+	} {
+		c := Config{Name: "lab-" + tc.fw, Nodes: 4, ControlPlanes: tc.controlPlanes, Firmware: tc.fw, Dir: "/tmp/lab"}
 		if err := c.SetDefaults(); err != nil {
 			t.Fatal(err)
 		}
 		r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", fw, err, c.Rack())
+			t.Fatalf("%s: %v\n%s", tc.fw, err, c.Rack())
 		}
-		if len(r.ControlPlanes()) != 3 || len(r.Workers()) != 1 || r.Network.DHCP.Mode != "full" || r.Cluster.Endpoint != "https://192.168.77.11:6443" {
-			t.Errorf("%s: %+v", fw, r)
+		if len(r.ControlPlanes()) != tc.controlPlanes || len(r.Workers()) != 4-tc.controlPlanes || r.Network.DHCP.Mode != "full" || r.Cluster.Endpoint != tc.endpoint {
+			t.Errorf("%s, %d control planes: endpoint %s, %d control planes, %d workers, DHCP %s", tc.fw, tc.controlPlanes,
+				r.Cluster.Endpoint, len(r.ControlPlanes()), len(r.Workers()), r.Network.DHCP.Mode)
 		}
 	}
 }

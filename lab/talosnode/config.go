@@ -322,6 +322,16 @@ func (f disksFlag) Set(s string) error {
 	return nil
 }
 
+// listenAddr is where the node's servers listen: every address, as
+// Talos's apid, trustd and kube-apiserver do (the VIP among them), unless
+// the node sits on a loopback address beside other nodes (tests).
+func (c Config) listenAddr(port int) string {
+	if c.Address.IsLoopback() {
+		return c.hostPort(port)
+	}
+	return net.JoinHostPort("", strconv.Itoa(port))
+}
+
 // hostPort joins the node address with a port.
 func (c Config) hostPort(port int) string {
 	return net.JoinHostPort(c.Address.String(), strconv.Itoa(port))

@@ -206,6 +206,15 @@ func etcdArgs(c Config, hostname string, pki controlPlaneFiles, initialCluster s
 	}
 }
 
+// bindAddress is kube-apiserver's: all addresses (the VIP among them), as
+// on Talos, unless the node is on loopback beside others (tests).
+func bindAddress(c Config) string {
+	if c.Address.IsLoopback() {
+		return c.Address.String()
+	}
+	return "0.0.0.0"
+}
+
 func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string, error) {
 	cl := mc.Cluster()
 	port := cl.LocalAPIServerPort()
@@ -219,7 +228,7 @@ func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string,
 	issuer := cl.Endpoint().String()
 	args := []string{
 		"--advertise-address=" + c.Address.String(),
-		"--bind-address=" + c.Address.String(),
+		"--bind-address=" + bindAddress(c),
 		"--secure-port=" + strconv.Itoa(port),
 		"--etcd-servers=https://" + c.hostPort(EtcdClientPort),
 		"--etcd-cafile=" + pki.path("etcd-ca.crt"),

@@ -174,61 +174,9 @@ func (j *joiner) promote(ctx context.Context) error {
 	return err
 }
 
-// call POSTs a request to etcd's cluster service through its JSON gateway.
+// call POSTs a request to etcd's cluster service.
 func (j *joiner) call(ctx context.Context, clientURL, method string, req, resp any) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, clientURL+"/v3/cluster/"+method, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	r.Header.Set("Content-Type", "application/json")
-	res, err := j.etcd.Do(r)
-	if err != nil {
-		return fmt.Errorf("etcd %s: %w", method, err)
-	}
-	defer res.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("etcd %s: %w", method, err)
-	}
-	if res.StatusCode != http.StatusOK {
-		return fmt.Errorf("etcd %s at %s: %s: %s", method, clientURL, res.Status, bytes.TrimSpace(data))
-	}
-	if resp == nil {
-		return nil
-	}
-	// Member IDs are uint64s, which the gateway writes as strings or
-	// numbers depending on the field; read them as numbers' text.
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var raw any
-	if err := dec.Decode(&raw); err != nil {
-		return fmt.Errorf("etcd %s: %w", method, err)
-	}
-	norm, _ := json.Marshal(stringifyIDs(raw))
-	return json.Unmarshal(norm, resp)
-}
-
-// stringifyIDs turns every "ID" number into a string.
-func stringifyIDs(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		for k, x := range v {
-			if n, ok := x.(json.Number); ok && k == "ID" {
-				v[k] = n.String()
-			} else {
-				v[k] = stringifyIDs(x)
-			}
-		}
-	case []any:
-		for i := range v {
-			v[i] = stringifyIDs(v[i])
-		}
-	}
-	return v
+	return etcdCall(ctx, j.etcd, clientURL, "/v3/cluster/"+method, req, resp)
 }
 
 // etcdHTTPClient talks to etcd with the node's etcd client certificate.

@@ -278,6 +278,10 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 		b.servers = append(b.servers, td)
 	}
 
+	// Background work of this boot; Run's context outlives reboots, so
+	// the boot has its own.
+	work, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
 	switch {
 	case controlPlane && n.bootstrapped():
 		if err := n.startControlPlane(mc, hostname); err != nil {
@@ -286,10 +290,11 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 		}
 	case controlPlane && trustdCert != nil:
 		// Every control plane but the one bootstrapped joins etcd by
-		// itself. Run's context outlives reboots, so the join gets its own.
-		var joinCtx context.Context
-		joinCtx, b.cancel = context.WithCancel(context.Background())
-		b.work.Go(func() { n.joinEtcd(joinCtx, mc, hostname) })
+		// itself.
+		b.work.Go(func() { n.joinEtcd(work, mc, hostname) })
+	}
+	if vip, ok := layer2VIP(mc); ok && controlPlane {
+		b.work.Go(func() { n.runVIP(work, vip, hostname) })
 	}
 	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
 		b.stop()
@@ -301,7 +306,7 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 
 // serve listens on the node address and serves srv until it is stopped.
 func (n *Node) serve(srv *grpc.Server, port int) error {
-	lis, err := net.Listen("tcp", n.cfg.hostPort(port))
+	lis, err := net.Listen("tcp", n.cfg.listenAddr(port))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}

@@ -1,0 +1,217 @@
+package talosnode
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"time"
+
+	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/config/config"
+)
+
+// vipLeaseTTL is the etcd lease (seconds) behind a VIP: when its holder
+// dies, another control plane takes the VIP over within this time.
+const vipLeaseTTL = 10
+
+// layer2VIP is the shared address of the config's Layer2VIPConfig, if any.
+func layer2VIP(mc coreconfig.Provider) (netip.Addr, bool) {
+	for _, d := range mc.Documents() {
+		if v, ok := d.(config.NetworkLayer2VIPConfig); ok && v.VIP().IsValid() {
+			return v.VIP(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// runVIP holds the control planes' shared address while this node wins
+// the election for it in etcd, as Talos's VIP controller does: a key
+// under a lease, kept alive while this node's etcd is up. The holder puts
+// the address on the NIC whose subnet holds it and announces it with
+// gratuitous ARP; the address goes when the lease is lost or ctx ends.
+func (n *Node) runVIP(ctx context.Context, vip netip.Addr, hostname string) {
+	v := &vipHolder{node: n, vip: vip, key: "/cozy-talos-node/vip/" + vip.String(), hostname: hostname}
+	defer v.release()
+	for {
+		err := v.campaign(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && !errors.Is(err, errNotLeader) {
+			n.log.Debug("vip: election", "vip", vip, "err", err)
+		}
+		v.release()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+var errNotLeader = errors.New("another control plane holds the VIP")
+
+type vipHolder struct {
+	node     *Node
+	vip      netip.Addr
+	key      string
+	hostname string
+	link     string // set while the address is on it
+}
+
+// campaign wins the key once it is free and holds the VIP until the lease
+// cannot be kept alive.
+func (v *vipHolder) campaign(ctx context.Context) error {
+	v.node.mu.Lock()
+	cp := v.node.cp
+	v.node.mu.Unlock()
+	if cp == nil {
+		return errNotLeader // no local etcd (yet)
+	}
+	var lease struct{ ID string }
+	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/grant", map[string]any{"TTL": vipLeaseTTL}, &lease); err != nil {
+		return err
+	}
+	key := base64.StdEncoding.EncodeToString([]byte(v.key))
+	var txn struct{ Succeeded bool }
+	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/kv/txn", map[string]any{
+		"compare": []any{map[string]any{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}},
+		"success": []any{map[string]any{"request_put": map[string]any{
+			"key": key, "value": base64.StdEncoding.EncodeToString([]byte(v.hostname)), "lease": lease.ID}}},
+	}, &txn); err != nil {
+		return err
+	}
+	if !txn.Succeeded {
+		_ = etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
+		return errNotLeader
+	}
+	if err := v.acquire(); err != nil {
+		_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
+			return ctx.Err()
+		case <-time.After(vipLeaseTTL * time.Second / 3):
+		}
+		var alive struct {
+			Result struct{ TTL string }
+		}
+		err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/keepalive", map[string]any{"ID": lease.ID}, &alive)
+		if err == nil && (alive.Result.TTL == "" || alive.Result.TTL == "0") {
+			err = errors.New("the lease expired")
+		}
+		if err != nil {
+			v.node.log.Warn("vip: lost the election", "vip", v.vip, "err", err)
+			return err
+		}
+	}
+}
+
+// acquire puts the VIP on the NIC whose subnet holds it.
+func (v *vipHolder) acquire() error {
+	link, err := linkFor(v.vip)
+	if err != nil {
+		return err
+	}
+	if out, err := exec.Command("ip", "addr", "replace", v.vip.String()+"/32", "dev", link).CombinedOutput(); err != nil {
+		return fmt.Errorf("vip: ip addr add %s dev %s: %v: %s", v.vip, link, err, bytes.TrimSpace(out))
+	}
+	v.link = link
+	// Tell the link's neighbours at once, as Talos does; best effort.
+	_ = exec.Command("arping", "-U", "-c", "1", "-I", link, v.vip.String()).Run()
+	v.node.log.Info("vip: this node holds the shared address", "vip", v.vip, "link", link)
+	return nil
+}
+
+func (v *vipHolder) release() {
+	if v.link == "" {
+		return
+	}
+	_ = exec.Command("ip", "addr", "del", v.vip.String()+"/32", "dev", v.link).Run()
+	v.node.log.Info("vip: released the shared address", "vip", v.vip, "link", v.link)
+	v.link = ""
+}
+
+// linkFor is the interface with an address in a subnet holding ip.
+func linkFor(ip netip.Addr) (string, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, ifc := range ifaces {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			p, err := netip.ParsePrefix(a.String())
+			if err == nil && p.Bits() < p.Addr().BitLen() && p.Masked().Contains(ip) {
+				return ifc.Name, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("vip %s: no interface has an address in its subnet", ip)
+}
+
+// etcdCall POSTs a request to etcd's v3 JSON gateway.
+func etcdCall(ctx context.Context, hc *http.Client, clientURL, path string, req, resp any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, clientURL+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	r.Header.Set("Content-Type", "application/json")
+	res, err := hc.Do(r)
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", path, err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", path, err)
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("etcd %s at %s: %s: %s", path, clientURL, res.Status, bytes.TrimSpace(data))
+	}
+	if resp == nil {
+		return nil
+	}
+	// IDs and TTLs are int64s, which the gateway writes as strings or
+	// numbers depending on the field; read them all as text.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var raw any
+	if err := dec.Decode(&raw); err != nil {
+		return fmt.Errorf("etcd %s: %w", path, err)
+	}
+	norm, _ := json.Marshal(numbersAsText(raw))
+	return json.Unmarshal(norm, resp)
+}
+
+// numbersAsText turns every number into a string.
+func numbersAsText(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			v[k] = numbersAsText(x)
+		}
+	case []any:
+		for i := range v {
+			v[i] = numbersAsText(v[i])
+		}
+	case json.Number:
+		return v.String()
+	}
+	return v
+}
