@@ -6,10 +6,8 @@ import (
 	"crypto/tls"
 	stdx509 "crypto/x509"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -131,40 +129,13 @@ func (cp *controlPlane) waitEtcd(ctx context.Context) error {
 
 // members lists etcd's members through its v3 JSON gateway.
 func (cp *controlPlane) members(ctx context.Context) ([]*machine.EtcdMember, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cp.etcdURL+"/v3/cluster/member/list", strings.NewReader("{}"))
-	if err != nil {
+	var list struct{ Members []etcdMember }
+	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/cluster/member/list", struct{}{}, &list); err != nil {
 		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := cp.etcd.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("etcd member list: %s: %s", resp.Status, bytes.TrimSpace(body))
-	}
-	var list struct {
-		Members []struct {
-			ID         json.Number `json:"ID"`
-			Name       string      `json:"name"`
-			PeerURLs   []string    `json:"peerURLs"`
-			ClientURLs []string    `json:"clientURLs"`
-			IsLearner  bool        `json:"isLearner"`
-		} `json:"members"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(&list); err != nil {
-		return nil, fmt.Errorf("etcd member list: %w", err)
 	}
 	out := make([]*machine.EtcdMember, 0, len(list.Members))
 	for _, m := range list.Members {
-		id, err := strconv.ParseUint(m.ID.String(), 10, 64)
+		id, err := strconv.ParseUint(m.ID, 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("etcd member list: member ID %q: %w", m.ID, err)
 		}
