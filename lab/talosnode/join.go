@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
 )
 
@@ -198,25 +197,12 @@ func etcdHTTPClient(mc config.Config, client tls.Certificate) *http.Client {
 // certificate issued from the cluster CA (a control plane holds its key).
 func controlPlaneAddresses(ctx context.Context, mc config.Config) ([]netip.Addr, error) {
 	cl := mc.Cluster()
-	ca := cl.IssuingCA()
-	if !canIssue(ca) {
-		return nil, errors.New("the config has no cluster.ca with a key")
-	}
-	authority, err := x509.NewCertificateAuthorityFromCertificateAndKey(ca)
-	if err != nil {
-		return nil, fmt.Errorf("cluster CA: %w", err)
-	}
-	kp, err := x509.NewKeyPair(authority,
-		x509.CommonName("talos:etcd-join"), x509.Organization("system:masters"),
-		x509.NotBefore(time.Now().Add(-clockSkew)), x509.NotAfter(time.Now().Add(time.Hour)),
-		x509.KeyUsage(stdx509.KeyUsageDigitalSignature|stdx509.KeyUsageKeyEncipherment),
-		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}),
-	)
+	kp, err := clusterClientCert(cl, "talos:etcd-join", "system:masters", time.Hour)
 	if err != nil {
 		return nil, err
 	}
 	roots := stdx509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.Crt)
+	roots.AppendCertsFromPEM(cl.IssuingCA().Crt)
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
 		RootCAs: roots, Certificates: []tls.Certificate{*kp.Certificate}, MinVersion: tls.VersionTLS12,
 	}}}

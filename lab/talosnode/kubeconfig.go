@@ -44,27 +44,12 @@ current-context: admin@{{ .Cluster }}
 // returns the kubeconfig for the control-plane endpoint, as Talos's
 // Kubeconfig API does.
 func adminKubeconfig(cl config.ClusterConfig) ([]byte, error) {
-	ca := cl.IssuingCA()
-	if !canIssue(ca) {
-		return nil, errors.New("the config has no cluster.ca with a key")
-	}
-	authority, err := x509.NewCertificateAuthorityFromCertificateAndKey(ca)
-	if err != nil {
-		return nil, fmt.Errorf("cluster CA: %w", err)
-	}
 	admin := cl.AdminKubeconfig()
-	kp, err := x509.NewKeyPair(authority,
-		x509.CommonName(admin.CommonName()),
-		x509.Organization(admin.CertOrganization()),
-		x509.NotBefore(time.Now().Add(-clockSkew)),
-		x509.NotAfter(time.Now().Add(admin.CertLifetime())),
-		x509.KeyUsage(stdx509.KeyUsageDigitalSignature|stdx509.KeyUsageKeyEncipherment),
-		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}),
-	)
+	kp, err := clusterClientCert(cl, admin.CommonName(), admin.CertOrganization(), admin.CertLifetime())
 	if err != nil {
 		return nil, fmt.Errorf("admin certificate: %w", err)
 	}
-	cas := bytes.Clone(ca.Crt)
+	cas := bytes.Clone(cl.IssuingCA().Crt)
 	for _, accepted := range cl.AcceptedCAs() {
 		cas = append(cas, accepted.Crt...)
 	}
@@ -74,6 +59,27 @@ func adminKubeconfig(cl config.ClusterConfig) ([]byte, error) {
 		CA, Crt, Key      []byte
 	}{cl.Name(), cl.Endpoint().String(), cas, kp.CrtPEM, kp.KeyPEM})
 	return out.Bytes(), err
+}
+
+// clusterClientCert issues a Kubernetes client certificate from the
+// cluster CA, which a control plane's config holds with its key.
+func clusterClientCert(cl config.ClusterConfig, cn, org string, lifetime time.Duration) (*x509.KeyPair, error) {
+	ca := cl.IssuingCA()
+	if !canIssue(ca) {
+		return nil, errors.New("the config has no cluster.ca with a key")
+	}
+	authority, err := x509.NewCertificateAuthorityFromCertificateAndKey(ca)
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA: %w", err)
+	}
+	return x509.NewKeyPair(authority,
+		x509.CommonName(cn),
+		x509.Organization(org),
+		x509.NotBefore(time.Now().Add(-clockSkew)),
+		x509.NotAfter(time.Now().Add(lifetime)),
+		x509.KeyUsage(stdx509.KeyUsageDigitalSignature|stdx509.KeyUsageKeyEncipherment),
+		x509.ExtKeyUsage([]stdx509.ExtKeyUsage{stdx509.ExtKeyUsageClientAuth}),
+	)
 }
 
 // tarGz wraps a kubeconfig as Talos streams it: a gzipped tar holding one

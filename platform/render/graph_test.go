@@ -112,6 +112,26 @@ func (g graph) reaches(from, to string) bool {
 }
 
 // cycle returns a dependency cycle, if any.
+// add records that id (a kind in namespace ns) comes after each of deps
+// ({namespace, name}, the namespace defaulting to ns), each of which must
+// exist.
+func (g graph) add(t *testing.T, kind, id, ns string, deps [][2]string, exists func(string) bool) {
+	t.Helper()
+	if _, ok := g[id]; !ok {
+		g[id] = nil
+	}
+	for _, d := range deps {
+		if d[0] == "" {
+			d[0] = ns
+		}
+		dep := key(d[0], d[1])
+		if !exists(dep) {
+			t.Errorf("%s %s depends on %s, which the layout does not have", kind, id, dep)
+		}
+		g[dep] = append(g[dep], id)
+	}
+}
+
 func (g graph) cycle() []string {
 	const (
 		unseen = iota
@@ -176,40 +196,22 @@ func TestDependsOnGraph(t *testing.T) {
 			// Flux Kustomizations: "component before component".
 			ks := graph{}
 			for id, k := range f.kustomizations {
-				if _, ok := ks[id]; !ok {
-					ks[id] = nil
-				}
+				var deps [][2]string
 				for _, d := range k.Spec.DependsOn {
-					ns := d.Namespace
-					if ns == "" {
-						ns = k.Namespace
-					}
-					dep := key(ns, d.Name)
-					if _, ok := f.kustomizations[dep]; !ok {
-						t.Errorf("Kustomization %s depends on %s, which the layout does not have", id, dep)
-					}
-					ks[dep] = append(ks[dep], id)
+					deps = append(deps, [2]string{d.Namespace, d.Name})
 				}
+				ks.add(t, "Kustomization", id, k.Namespace, deps, func(dep string) bool { _, ok := f.kustomizations[dep]; return ok })
 			}
 			if c := ks.cycle(); c != nil {
 				t.Fatalf("Kustomizations depend on each other in a cycle: %s", strings.Join(c, " -> "))
 			}
 			hr := graph{}
 			for id, r := range f.releases {
-				if _, ok := hr[id]; !ok {
-					hr[id] = nil
-				}
+				var deps [][2]string
 				for _, d := range r.Spec.DependsOn {
-					ns := d.Namespace
-					if ns == "" {
-						ns = r.Namespace
-					}
-					dep := key(ns, d.Name)
-					if _, ok := f.releases[dep]; !ok {
-						t.Errorf("HelmRelease %s depends on %s, which the layout does not have", id, dep)
-					}
-					hr[dep] = append(hr[dep], id)
+					deps = append(deps, [2]string{d.Namespace, d.Name})
 				}
+				hr.add(t, "HelmRelease", id, r.Namespace, deps, func(dep string) bool { _, ok := f.releases[dep]; return ok })
 			}
 			if c := hr.cycle(); c != nil {
 				t.Fatalf("HelmReleases depend on each other in a cycle: %s", strings.Join(c, " -> "))

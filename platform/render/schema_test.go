@@ -63,15 +63,7 @@ func TestPlatformSchemaRejects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.RenderValues(tc.values, "")
-			var se *render.SchemaError
-			if !errors.As(err, &se) {
-				t.Fatalf("got %v, want a schema error", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error lacks %q:\n%v", w, err)
-				}
-			}
+			wantSchemaError(t, err, tc.want...)
 		})
 	}
 }
@@ -101,15 +93,21 @@ func TestOperatorSchemaRejects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")
-			var se *render.SchemaError
-			if !errors.As(err, &se) {
-				t.Fatalf("got %v, want a schema error", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error lacks %q:\n%v", w, err)
-				}
-			}
+			wantSchemaError(t, err, tc.want...)
 		})
+	}
+}
+
+// wantSchemaError fails unless err is a schema error saying each of want.
+func wantSchemaError(t *testing.T, err error, want ...string) {
+	t.Helper()
+	var se *render.SchemaError
+	if !errors.As(err, &se) {
+		t.Fatalf("got %v, want a schema error", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
 	}
 }
