@@ -81,6 +81,11 @@ type Result struct {
 	Nodes            []state.Node `json:"nodes"`
 }
 
+// MessageAPIAnswers is the cluster event sent once the cluster's API
+// answers with the written kubeconfig (other control planes may still be
+// joining etcd).
+const MessageAPIAnswers = "the cluster's API answers with the kubeconfig"
+
 type run struct {
 	opts    Options
 	st      *state.Store
@@ -184,6 +189,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			kubeconfig, err = b.kubeconfig(ctx, first)
 		}
 		if err == nil {
+			b.emitCluster(state.Bootstrap, MessageAPIAnswers)
 			err = b.waitEtcdMembers(ctx, first, cps)
 		}
 		if err != nil {

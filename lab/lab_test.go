@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/rack"
 )
 
@@ -132,15 +133,17 @@ func TestMilestones(t *testing.T) {
 		ev(40, "w1", "discovered") + ev(45, "cp1", "discovered") +
 		ev(46, "cp1", "applied") + ev(50, "w1", "applied") +
 		ev(100, "cp1", "configured") + ev(101, "cp1", "etcd") +
-		ev(130, "w1", "configured") + ev(190, "cp1", "ready") + ev(190, "w1", "ready") +
-		ev(190, "", "ready")
+		ev(130, "w1", "configured") +
+		fmt.Sprintf(`{"phase":"etcd","elapsed":%d,"message":%q}`+"\n", 150*time.Second, bootstrap.MessageAPIAnswers) +
+		ev(190, "cp1", "ready") + ev(190, "w1", "ready") + ev(190, "", "ready")
 	got := milestones(strings.NewReader(events), 2*time.Second, 2)
 	want := []Milestone{
 		{"all machines in maintenance mode", 47 * time.Second},
 		{"all configs applied", 52 * time.Second},
 		{"etcd bootstrapped", 103 * time.Second},
 		{"all machines installed", 132 * time.Second},
-		{"the API answers", 192 * time.Second},
+		{"the API answers", 152 * time.Second},
+		{"bootstrap done", 192 * time.Second},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("milestones:\n got %v\nwant %v", got, want)

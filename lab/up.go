@@ -158,7 +158,8 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 
 // milestones reads bootstrap's JSON events until they end and returns when
 // the last machine was netbooted and in maintenance mode, had its config,
-// was installed, when etcd was bootstrapped and when the API answered;
+// was installed, when etcd was bootstrapped, when the API answered and
+// when the bootstrap was done (every control plane in etcd);
 // offset is when the bootstrap started. Milestones not reached by all
 // machines are left out.
 func milestones(events io.Reader, offset time.Duration, machines int) []Milestone {
@@ -171,7 +172,7 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 		{"all machines installed", state.Configured},
 	}
 	first := map[state.Phase]map[string]time.Duration{}
-	var etcd, ready time.Duration
+	var etcd, api, ready time.Duration
 	dec := json.NewDecoder(events)
 	for {
 		var e bootstrap.Event
@@ -182,6 +183,8 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 		switch {
 		case e.Node == "" && e.Phase == state.Ready:
 			ready = e.Elapsed
+		case e.Node == "" && e.Message == bootstrap.MessageAPIAnswers:
+			api = e.Elapsed
 		case e.Node != "" && e.Phase == state.Bootstrap && etcd == 0:
 			etcd = e.Elapsed
 		}
@@ -210,8 +213,11 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 	if etcd > 0 {
 		out = append(out, Milestone{"etcd bootstrapped", offset + etcd})
 	}
+	if api > 0 {
+		out = append(out, Milestone{"the API answers", offset + api})
+	}
 	if ready > 0 {
-		out = append(out, Milestone{"the API answers", offset + ready})
+		out = append(out, Milestone{"bootstrap done", offset + ready})
 	}
 	slices.SortStableFunc(out, func(a, b Milestone) int { return cmp.Compare(a.At, b.At) })
 	for i := range out {
