@@ -6,9 +6,7 @@
 package lease
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -104,12 +102,20 @@ type Store struct {
 	byMAC    map[string]*Lease
 	declined map[netip.Addr]time.Time
 	offers   map[netip.Addr]offer
-	journal  *os.File
 	path     string
-	written  uint64 // records appended (under mu)
+	pending  []byte // records appended but not yet written (under mu)
+	written  Seq    // records appended (under mu)
 
-	syncMu sync.Mutex
-	synced uint64 // records known durable (under syncMu)
+	// syncMu orders journal writes: one writer (and fdatasync) at a time,
+	// which every grant waiting meanwhile then shares (group commit).
+	syncMu  sync.Mutex
+	journal *journalFile
+	spare   []byte // the other pending buffer, swapped in on each write
+	synced  Seq    // records known durable
+	// failed is the first write or sync error: after it nothing is
+	// acknowledged again, since the kernel may have dropped what it had not
+	// written (a later fsync that succeeds would prove nothing).
+	failed error
 }
 
 type offer struct {
@@ -131,8 +137,9 @@ func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.T
 		pool: pool, now: now, static: map[string]netip.Addr{},
 		byIP: map[netip.Addr]*Lease{}, byMAC: map[string]*Lease{},
 		declined: map[netip.Addr]time.Time{}, offers: map[netip.Addr]offer{},
-		path: filepath.Join(dir, "leases.jsonl"),
+		path: filepath.Join(dir, leaseFileName),
 	}
+	removeTemps(dir)
 	s.reserved = map[netip.Addr]string{}
 	for mac, ip := range static {
 		s.static[normMAC(mac)] = ip
@@ -155,35 +162,31 @@ func normMAC(mac string) string {
 	return mac
 }
 
-// load replays the journal. A last line without its newline is a write the
-// crash interrupted: its DHCPACK was never sent, so it is dropped. Any other
-// unreadable line is an error: guessing could hand out a granted address.
+// load replays the journal (see readJournal for what is dropped).
 func (s *Store) load() error {
-	data, err := os.ReadFile(s.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	records, err := readJournal(s.path)
 	if err != nil {
-		return fmt.Errorf("read leases: %w", err)
+		return err
 	}
-	if i := bytes.LastIndexByte(data, '\n'); i < len(data)-1 {
-		data = data[:i+1]
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for line := 1; sc.Scan(); line++ {
-		var r record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return fmt.Errorf("%s line %d: %w (move the file aside to start without leases)", s.path, line, err)
-		}
+	for _, r := range records {
 		s.apply(r)
 	}
-	return sc.Err()
+	return nil
+}
+
+// removeTemps deletes what a crash during a rewrite of the journal left.
+func removeTemps(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if isTemp(e.Name()) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 func (s *Store) apply(r record) {
 	switch r.Op {
-	case "grant":
+	case opGrant:
 		if old := s.byMAC[r.MAC]; old != nil && old.IP != r.IP {
 			delete(s.byIP, old.IP)
 		}
@@ -192,13 +195,13 @@ func (s *Store) apply(r record) {
 		}
 		l := &Lease{MAC: r.MAC, IP: r.IP, Expires: r.Expires}
 		s.byIP[r.IP], s.byMAC[r.MAC] = l, l
-	case "release":
+	case opRelease:
 		if l := s.byIP[r.IP]; l != nil && l.MAC == r.MAC {
 			// Keep the binding so the client gets the same address back,
 			// but expired: anyone may take it.
 			l.Expires = r.Expires
 		}
-	case "decline":
+	case opDecline:
 		if l := s.byIP[r.IP]; l != nil {
 			delete(s.byMAC, l.MAC)
 			delete(s.byIP, r.IP)
@@ -207,84 +210,70 @@ func (s *Store) apply(r record) {
 	}
 }
 
-// compact rewrites the journal as one grant per lease, atomically.
+// compact rewrites the journal as one record per lease and declined
+// address, crash-safely.
 func (s *Store) compact() error {
-	tmp := s.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("compact leases: %w", err)
-	}
-	w := bufio.NewWriter(f)
-	enc := json.NewEncoder(w)
+	var b []byte
 	for _, l := range s.byIP {
-		_ = enc.Encode(record{Op: "grant", MAC: l.MAC, IP: l.IP, Expires: l.Expires})
+		b = appendRecord(b, record{Op: opGrant, MAC: l.MAC, IP: l.IP, Expires: l.Expires})
 	}
 	for ip, until := range s.declined {
-		_ = enc.Encode(record{Op: "decline", IP: ip, Expires: until})
+		b = appendRecord(b, record{Op: opDecline, IP: ip, Expires: until})
 	}
-	if err := errors.Join(w.Flush(), f.Sync(), f.Close()); err != nil {
+	j, err := writeJournal(s.path, b)
+	if err != nil {
 		return fmt.Errorf("compact leases: %w", err)
 	}
-	if err := os.Rename(tmp, s.path); err != nil {
-		return fmt.Errorf("compact leases: %w", err)
-	}
-	if err := syncDir(filepath.Dir(s.path)); err != nil {
-		return err
-	}
-	s.journal, err = os.OpenFile(s.path, os.O_APPEND|os.O_WRONLY, 0o600)
-	return err
+	s.journal = j
+	return nil
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// append writes a record to the journal and applies it; s.mu must be held.
-// The record is durable only after sync(seq) returns.
-func (s *Store) append(r record) (seq uint64, err error) {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return 0, err
-	}
-	if _, err := s.journal.Write(append(b, '\n')); err != nil {
-		return 0, fmt.Errorf("write lease journal: %w", err)
-	}
+// append adds a record to the journal and applies it; s.mu must be held.
+// The record is durable only after Sync(seq).
+func (s *Store) append(r record) Seq {
+	s.pending = appendRecord(s.pending, r)
 	// Applied before it is durable: until then the address counts as taken
 	// (the safe side) but no one has been told it is theirs.
 	s.apply(r)
 	s.written++
-	return s.written, nil
+	return s.written
 }
 
-// sync makes every record up to seq durable. Callers that wrote while
-// another fsync ran share the next one (group commit), so concurrent
-// grants cost one fsync, not one each.
-func (s *Store) sync(seq uint64) error {
+// Sync makes every record up to seq durable. Callers that appended while
+// another write was on its way share the next one (group commit), so
+// concurrent grants cost one write and one fdatasync, not one each.
+func (s *Store) Sync(seq Seq) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	if s.synced >= seq {
 		return nil
 	}
+	if s.failed != nil {
+		return s.failed
+	}
 	s.mu.Lock()
-	target := s.written
+	data, target := s.pending, s.written
+	s.pending = s.spare[:0]
 	s.mu.Unlock()
-	if err := s.journal.Sync(); err != nil {
-		return fmt.Errorf("sync lease journal: %w", err)
+	err := s.journal.write(data)
+	s.spare = data[:0]
+	if err != nil {
+		s.failed = err
+		return err
 	}
 	s.synced = target
 	return nil
 }
 
-// Close closes the journal.
+// Close closes the journal. Records not yet synced are dropped, as a
+// crash would drop them: none of them was acknowledged.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.journal.Close()
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.failed == nil {
+		s.failed = errors.New("lease store closed")
+	}
+	return s.journal.f.Close()
 }
 
 // usableBy reports whether ip may go to mac now.
@@ -375,57 +364,62 @@ func (s *Store) hold(ip netip.Addr, mac string, now time.Time) netip.Addr {
 // Grant leases ip to mac for d, durably: when Grant returns nil the lease
 // survives any crash. It fails if ip may not go to mac.
 func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
+	l, seq, err := s.GrantBuffered(mac, ip, d)
+	if err != nil {
+		return Lease{}, err
+	}
+	return l, s.Sync(seq)
+}
+
+// GrantBuffered leases ip to mac for d, in memory: the lease is durable,
+// and may be acknowledged, once Sync(seq) has returned nil. Meanwhile the
+// address counts as taken.
+func (s *Store) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease, Seq, error) {
 	mac = normMAC(mac)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.now()
 	if err := s.usableBy(ip, mac, now); err != nil {
-		s.mu.Unlock()
-		return Lease{}, err
+		return Lease{}, 0, err
 	}
 	delete(s.offers, ip)
-	r := record{Op: "grant", MAC: mac, IP: ip, Expires: now.Add(d).UTC().Truncate(time.Second)}
-	seq, err := s.append(r)
-	s.mu.Unlock()
-	if err != nil {
-		return Lease{}, err
-	}
-	if err := s.sync(seq); err != nil {
-		return Lease{}, err
-	}
-	return Lease{MAC: mac, IP: ip, Expires: r.Expires}, nil
+	r := record{Op: opGrant, MAC: mac, IP: ip, Expires: now.Add(d).UTC().Truncate(time.Second)}
+	return Lease{MAC: mac, IP: ip, Expires: r.Expires}, s.append(r), nil
 }
 
-// Release ends mac's lease on ip early (DHCPRELEASE).
+// Release ends mac's lease on ip early (DHCPRELEASE), durably.
 func (s *Store) Release(mac string, ip netip.Addr) error {
-	mac = normMAC(mac)
-	s.mu.Lock()
-	if l := s.byIP[ip]; l == nil || l.MAC != mac {
-		s.mu.Unlock()
-		return nil // not ours to release; RFC 2131 has no reply anyway
-	}
-	seq, err := s.append(record{Op: "release", MAC: mac, IP: ip, Expires: s.now().UTC()})
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.sync(seq)
+	return s.Sync(s.ReleaseBuffered(mac, ip))
 }
 
-// Decline takes ip out of use for a while: the client found it in use
-// (DHCPDECLINE after an ARP probe).
-func (s *Store) Decline(mac string, ip netip.Addr) error {
+// ReleaseBuffered is Release, durable once Sync(seq) returns nil. Zero
+// means there was nothing to release.
+func (s *Store) ReleaseBuffered(mac string, ip netip.Addr) Seq {
 	mac = normMAC(mac)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.byIP[ip]; l == nil || l.MAC != mac {
+		return 0 // not ours to release; RFC 2131 has no reply anyway
+	}
+	return s.append(record{Op: opRelease, MAC: mac, IP: ip, Expires: s.now().UTC()})
+}
+
+// Decline takes ip out of use for a while, durably: the client found it in
+// use (DHCPDECLINE after an ARP probe).
+func (s *Store) Decline(mac string, ip netip.Addr) error {
+	return s.Sync(s.DeclineBuffered(mac, ip))
+}
+
+// DeclineBuffered is Decline, durable once Sync(seq) returns nil. Zero
+// means the decline was ignored.
+func (s *Store) DeclineBuffered(mac string, ip netip.Addr) Seq {
+	mac = normMAC(mac)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if l := s.byIP[ip]; !s.pool.Contains(ip) || (l != nil && l.MAC != mac) {
-		s.mu.Unlock()
-		return nil // not ours, or someone else's lease: a forged or confused decline
+		return 0 // not ours, or someone else's lease: a forged or confused decline
 	}
-	seq, err := s.append(record{Op: "decline", IP: ip, Expires: s.now().Add(declineHold).UTC()})
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return s.sync(seq)
+	return s.append(record{Op: opDecline, IP: ip, Expires: s.now().Add(declineHold).UTC()})
 }
 
 // Lookup returns mac's lease, expired or not.

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -181,6 +182,12 @@ func TestJournalDamage(t *testing.T) {
 		{"torn last line is a write that never finished", good + `{"op":"grant","mac":"52:54:00:00:0`, true, ""},
 		{"damage in the middle is refused", good + "garbage\n" + good, false, "line 2"},
 		{"empty file", "", false, ""},
+		{"zero-filled tail", good + strings.Repeat("\x00", 4096), true, ""},
+		// A crash can leave a record torn before the tail, and even
+		// later writes persisted beyond a gap of zeros; none of them was
+		// synced, so none was acknowledged.
+		{"torn record before the tail", good + `{"op":"gra` + "\x00\x00" + good, true, ""},
+		{"records beyond zeros are unsynced writes", "\x00\x00\n" + good, false, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -300,28 +307,125 @@ func TestLeaseChild(t *testing.T) {
 		fmt.Println("open:", err)
 		os.Exit(1)
 	}
-	// Four granting at once, as the server's DHCP workers do: grants share
-	// fsyncs (group commit), and each is reported only once durable.
+	// Four granting at once: two one lease at a time, two in batches as
+	// the server's DHCP loop does (grants appended, one Sync, then the
+	// ACKs). Grants share writes and fdatasyncs (group commit), and each
+	// is reported only once durable.
 	var out sync.Mutex
 	var next atomic.Int64
 	next.Store(int64(start))
-	for range 4 {
+	for w := range 4 {
 		go func() {
 			for {
-				i := next.Add(1)
-				mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
-				addr, err := s.Offer(mac, netip.Addr{})
-				if err != nil {
-					os.Exit(1)
+				var batch []string
+				var seq Seq
+				for range 1 + w/2*rand.IntN(16) {
+					i := next.Add(1)
+					mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
+					addr, err := s.Offer(mac, netip.Addr{})
+					if err != nil {
+						os.Exit(1)
+					}
+					if _, seq, err = s.GrantBuffered(mac, addr, time.Hour); err != nil {
+						os.Exit(1)
+					}
+					batch = append(batch, mac+" "+addr.String())
 				}
-				if _, err := s.Grant(mac, addr, time.Hour); err != nil {
+				if err := s.Sync(seq); err != nil {
 					os.Exit(1)
 				}
 				out.Lock()
-				fmt.Println(mac, addr)
+				for _, line := range batch {
+					fmt.Println(line)
+				}
 				out.Unlock()
 			}
 		}()
 	}
 	select {}
+}
+
+// The journal's hand-written encoder writes what encoding/json would, so
+// the file stays plain JSON lines.
+func TestAppendRecordIsJSON(t *testing.T) {
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, r := range []record{
+		{Op: opGrant, MAC: macA, IP: ip("10.8.0.10"), Expires: exp},
+		{Op: opRelease, MAC: macB, IP: ip("10.8.0.255"), Expires: exp.Add(time.Nanosecond)},
+		{Op: opDecline, IP: ip("10.8.0.11"), Expires: exp},
+		{Op: opGrant, MAC: `odd"<mac>\`, IP: ip("10.8.0.12"), Expires: exp},
+		{Op: opGrant, MAC: "ünïcode\x01", Expires: time.Date(2030, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))},
+	} {
+		want, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(appendRecord(nil, r)); got != string(want)+"\n" {
+			t.Errorf("appendRecord:\n got %s\nwant %s", got, want)
+		}
+	}
+}
+
+// Grants that outgrow the zero-filled tail extend it, and all of them
+// load again; buffered grants become durable together with one Sync.
+func TestJournalGrowsPastItsTail(t *testing.T) {
+	dir := t.TempDir()
+	pool := mustPool(t, "10.8.0.1-10.8.255.254")
+	s, err := Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "leases.jsonl"))
+	if fi.Size() < preallocate {
+		t.Errorf("new journal is %d bytes, want a zero-filled tail of %d", fi.Size(), preallocate)
+	}
+	const n = 25000 // about 2.5 MiB of records: two extensions
+	granted := map[string]netip.Addr{}
+	for i := range n {
+		mac := fmt.Sprintf("52:54:00:%02x:%02x:%02x", byte(i>>16), byte(i>>8), byte(i))
+		addr, err := s.Offer(mac, netip.Addr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, seq, err := s.GrantBuffered(mac, addr, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%5000 == 4999 || i == n-1 {
+			if err := s.Sync(seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		granted[mac] = addr
+	}
+	s.Close()
+	s, err = Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := len(s.Leases()); got != n {
+		t.Fatalf("%d leases after reopening, want %d", got, n)
+	}
+	for mac, addr := range granted {
+		if l, ok := s.Lookup(mac); !ok || l.IP != addr {
+			t.Fatalf("lease %s -> %s lost", mac, addr)
+		}
+	}
+}
+
+// Once a journal write fails, nothing is acknowledged again: the kernel
+// may have dropped what it had not written.
+func TestJournalFailureSticks(t *testing.T) {
+	s := open(t, t.TempDir(), &clock{t: time.Now()})
+	if _, err := s.Grant(macA, ip("10.8.0.10"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	s.journal.f.Close() // the next write fails
+	if _, err := s.Grant(macB, ip("10.8.0.11"), time.Hour); err == nil {
+		t.Fatal("grant acknowledged without a journal")
+	}
+	if _, err := s.Grant(macC, ip("10.8.0.12"), time.Hour); err == nil {
+		t.Fatal("grant acknowledged after a failed journal write")
+	}
 }
