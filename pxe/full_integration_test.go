@@ -4,11 +4,14 @@ package pxe_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/pxe/lease"
 )
 
 var fullModeArgs = []string{"--mode", "full", "--range", "10.77.0.100-10.77.0.102", "--allow-unknown",
@@ -132,5 +136,168 @@ func TestFullModeLeasesSurviveKill9(t *testing.T) {
 	ip1 := net.ParseIP(granted[mac(1).String()])
 	if l, err := r.lease(t, mac(1), dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(ip1))); err != nil || !l.ACK.YourIPAddr.Equal(ip1) {
 		t.Errorf("owner did not get its address back: %v %v", l, err)
+	}
+}
+
+// TestFullModeAckedLeasesSurviveKill9UnderLoad runs many DORAs at once
+// (so the server answers them in batches, one journal sync per batch),
+// kills the server with SIGKILL at a random moment, and checks that every
+// lease whose ACK reached a client is in the journal. Three rounds, each
+// on the journal the last one left.
+func TestFullModeAckedLeasesSurviveKill9UnderLoad(t *testing.T) {
+	r := newRig(t)
+	args := []string{"--mode", "full", "--range", "10.77.0.10-10.77.0.250", "--allow-unknown", "--lease-time", "10m"}
+	// The client namespace plays a relay agent on the server's link, so
+	// replies come back by unicast to one UDP socket.
+	r.cli.IP(t, "addr", "add", clientAddr+"/24", "dev", "eth0")
+	var conn *net.UDPConn
+	if err := r.cli.Do(func() error {
+		var err error
+		conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(clientAddr), Port: dhcpv4.ServerPort})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	relay := newLoadRelay(conn)
+
+	acked := map[string]string{} // mac -> ip, from the ACKs received
+	seq := 0
+	for round := range 3 {
+		srv := r.start(t, append(args, "--log-level", "error")...)
+		killAfter := 10 + rand.IntN(50)
+		acks := make(chan [2]string, 1000)
+		stop := make(chan struct{})
+		var clients sync.WaitGroup
+		for range 8 {
+			seq++
+			base := seq * 1000
+			clients.Go(func() {
+				for i := base; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					hw := net.HardwareAddr{0x52, 0x54, 0x00, 0xaa, byte(i >> 8), byte(i)}
+					if ip, ok := relay.dora(hw); ok {
+						acks <- [2]string{hw.String(), ip}
+					}
+				}
+			})
+		}
+		for n := 0; n < killAfter; n++ {
+			select {
+			case a := <-acks:
+				acked[a[0]] = a[1]
+			case <-time.After(20 * time.Second):
+				t.Fatalf("round %d: only %d ACKs in 20 s\n%s", round, n, r.stderr)
+			}
+		}
+		srv.kill9()
+		close(stop)
+		clients.Wait()
+		close(acks)
+		for a := range acks { // sent before the server died: granted too
+			acked[a[0]] = a[1]
+		}
+
+		pool, _ := lease.ParsePool("10.77.0.10-10.77.0.250")
+		store, err := lease.Open(r.state, pool, nil, nil)
+		if err != nil {
+			t.Fatalf("round %d: journal after kill -9: %v", round, err)
+		}
+		owner := map[netip.Addr]string{}
+		for _, l := range store.Leases() {
+			if other, dup := owner[l.IP]; dup {
+				t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
+			}
+			owner[l.IP] = l.MAC
+		}
+		for mac, ip := range acked {
+			if l, ok := store.Lookup(mac); !ok || l.IP.String() != ip {
+				t.Errorf("round %d: %s was ACKed %s, journal has %v (%v)", round, mac, ip, l.IP, ok)
+			}
+		}
+		store.Close()
+	}
+	t.Logf("%d ACKed leases survived 3 kill -9s", len(acked))
+}
+
+// loadRelay runs DORAs as a relay agent would (giaddr set), many at once
+// over one socket, matching replies by transaction ID.
+type loadRelay struct {
+	conn    *net.UDPConn
+	mu      sync.Mutex
+	waiting map[dhcpv4.TransactionID]chan *dhcpv4.DHCPv4
+}
+
+func newLoadRelay(conn *net.UDPConn) *loadRelay {
+	l := &loadRelay{conn: conn, waiting: map[dhcpv4.TransactionID]chan *dhcpv4.DHCPv4{}}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := conn.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			m, err := dhcpv4.FromBytes(buf[:n])
+			if err != nil {
+				continue
+			}
+			l.mu.Lock()
+			if ch := l.waiting[m.TransactionID]; ch != nil {
+				select {
+				case ch <- m:
+				default:
+				}
+			}
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+// dora returns the address ACKed to hw, or false if any answer did not
+// come within two seconds.
+func (l *loadRelay) dora(hw net.HardwareAddr) (string, bool) {
+	giaddr := dhcpv4.WithRelay(net.ParseIP(clientAddr))
+	disc, err := dhcpv4.NewDiscovery(hw, giaddr)
+	if err != nil {
+		return "", false
+	}
+	offer := l.exchange(disc)
+	if offer == nil || offer.MessageType() != dhcpv4.MessageTypeOffer {
+		return "", false
+	}
+	req, err := dhcpv4.NewRequestFromOffer(offer, giaddr)
+	if err != nil {
+		return "", false
+	}
+	ack := l.exchange(req)
+	if ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck {
+		return "", false
+	}
+	return ack.YourIPAddr.String(), true
+}
+
+func (l *loadRelay) exchange(m *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
+	ch := make(chan *dhcpv4.DHCPv4, 1)
+	l.mu.Lock()
+	l.waiting[m.TransactionID] = ch
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.waiting, m.TransactionID)
+		l.mu.Unlock()
+	}()
+	if _, err := l.conn.WriteToUDP(m.ToBytes(), &net.UDPAddr{IP: net.ParseIP(serverAddr), Port: dhcpv4.ServerPort}); err != nil {
+		return nil
+	}
+	select {
+	case reply := <-ch:
+		return reply
+	case <-time.After(2 * time.Second):
+		return nil
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/inventory"
 	"cozy.dev/cozy/pxe/lease"
 )
@@ -22,11 +25,36 @@ type metrics struct {
 	tftpBytes    prometheus.Counter
 	httpRequests *prometheus.CounterVec
 	httpBytes    *prometheus.CounterVec
+
+	// dhcpCounters caches the counters of dhcp by label values: looking
+	// them up by strings for every packet costs more than the count.
+	dhcpMu       sync.Mutex
+	dhcpCounters map[dhcpLabels]prometheus.Counter
+}
+
+type dhcpLabels struct {
+	port    int
+	mt      dhcpv4.MessageType
+	outcome dhcp.Outcome
+}
+
+// countDHCP counts one DHCP request.
+func (m *metrics) countDHCP(port int, mt dhcpv4.MessageType, outcome dhcp.Outcome) {
+	k := dhcpLabels{port, mt, outcome}
+	m.dhcpMu.Lock()
+	c, ok := m.dhcpCounters[k]
+	if !ok {
+		c = m.dhcp.WithLabelValues(strconv.Itoa(port), mt.String(), string(outcome))
+		m.dhcpCounters[k] = c
+	}
+	m.dhcpMu.Unlock()
+	c.Inc()
 }
 
 func newMetrics(inv *inventory.Inventory, leases *lease.Store) *metrics {
 	m := &metrics{
-		registry: prometheus.NewRegistry(),
+		registry:     prometheus.NewRegistry(),
+		dhcpCounters: map[dhcpLabels]prometheus.Counter{},
 		dhcp: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cozy_pxe_dhcp_packets_total",
 			Help: "DHCP requests received, by port, message type and what the server did with them.",

@@ -16,7 +16,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -235,7 +234,7 @@ type server struct {
 	configs   map[string]string // MAC -> machine config file
 	keys      *token.Keyring
 
-	responder replier
+	responder decider
 	leases    *lease.Store // full mode only
 	inv       *inventory.Inventory
 	met       *metrics
@@ -391,12 +390,12 @@ func (s *server) fetched(f httpboot.Fetch) {
 }
 
 // sighted counts a DHCP request and records netboot clients in the inventory.
-func (s *server) sighted(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome) {
-	s.met.dhcp.WithLabelValues(strconv.Itoa(port), req.MessageType().String(), string(outcome)).Inc()
-	client, err := dhcp.Classify(req)
-	if err != nil {
+func (s *server) sighted(req *dhcpv4.DHCPv4, d dhcp.Decision, port int, peer *net.UDPAddr) {
+	s.met.countDHCP(port, req.MessageType(), d.Outcome)
+	if !d.Netboot {
 		return // not a netboot client: its lease, if any, is in the lease journal
 	}
+	reply := d.Reply
 	var ip netip.Addr
 	switch {
 	case reply != nil && !reply.YourIPAddr.IsUnspecified():
@@ -406,6 +405,7 @@ func (s *server) sighted(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr,
 	case port == dhcp.PortPXE:
 		ip = peer.AddrPort().Addr().Unmap()
 	}
+	client := d.Client
 	s.inv.SawDHCP(inventory.DHCPSighting{
 		MAC: req.ClientHWAddr.String(), UUID: client.UUID, Arch: string(client.CPU), Firmware: string(client.Firmware),
 		VendorClass: client.VendorClass, IP: ip, Allowed: s.allowed(req.ClientHWAddr),
@@ -477,8 +477,18 @@ func (s *server) run(ctx context.Context) error {
 		})
 	}
 	dhcpLog := log.With("service", "dhcp")
-	run("dhcp", func() error { return serveDHCP(ctx, dhcpConn, s.responder, dhcp.PortDHCP, dhcpLog, s.sighted) })
-	run("pxe", func() error { return serveDHCP(ctx, pxeConn, s.responder, dhcp.PortPXE, dhcpLog, s.sighted) })
+	commit := func(lease.Seq) error { return nil }
+	if s.leases != nil {
+		commit = s.leases.Sync
+	}
+	for _, l := range []struct {
+		name string
+		conn *net.UDPConn
+		port int
+	}{{"dhcp", dhcpConn, dhcp.PortDHCP}, {"pxe", pxeConn, dhcp.PortPXE}} {
+		d := &dhcpServer{conn: l.conn, port: l.port, decider: s.responder, commit: commit, sighted: s.sighted, log: dhcpLog}
+		run(l.name, func() error { return d.serve(ctx) })
+	}
 	run("tftp", func() error {
 		return (&tftp.Server{Files: s.bootFiles, Log: log.With("service", "tftp"), OnSent: s.tftpSent,
 			OnFailed: func() { s.met.tftpTransfer.WithLabelValues("failed").Inc() },
@@ -506,76 +516,6 @@ func (s *server) run(ctx context.Context) error {
 		all = append(all, err)
 	}
 	return errors.Join(all...)
-}
-
-// replier is the DHCP decision: dhcp.Proxy or dhcp.Full.
-type replier interface {
-	Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, dhcp.Outcome, error)
-}
-
-// serveDHCP reads requests from conn and sends the replies where RFC 2131
-// says (dhcp.Destination): broadcasts leave on the bound interface only.
-func serveDHCP(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
-	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome)) error {
-	// Several workers share the socket: while one waits for its lease to
-	// reach the disk, others answer, and their fsyncs are shared.
-	const workers = 8
-	errs := make(chan error, workers)
-	for range workers {
-		go func() { errs <- dhcpWorker(ctx, conn, responder, port, log, sighted) }()
-	}
-	var first error
-	for range workers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-			conn.Close() // stop the others too
-		}
-	}
-	return first
-}
-
-func dhcpWorker(ctx context.Context, conn *net.UDPConn, responder replier, port int, log *slog.Logger,
-	sighted func(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, outcome dhcp.Outcome)) error {
-	buf := make([]byte, 4096)
-	for {
-		n, peer, err := conn.ReadFromUDP(buf)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		req, err := dhcpv4.FromBytes(buf[:n])
-		if err != nil {
-			log.Debug("malformed DHCP packet", "from", peer, "err", err)
-			continue
-		}
-		reply, outcome, err := responder.Reply(req, port)
-		sighted(req, reply, port, peer, outcome)
-		if err != nil {
-			log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "err", err)
-			continue
-		}
-		if reply == nil {
-			log.Debug("dhcp request handled without reply", "mac", req.ClientHWAddr.String(), "port", port, "type", req.MessageType(), "outcome", outcome)
-			continue
-		}
-		dst := dhcp.Destination(req, reply, port, peer)
-		if _, err := conn.WriteToUDP(reply.ToBytes(), dst); err != nil {
-			log.Warn("dhcp send", "to", dst, "err", err)
-			continue
-		}
-		if !log.Enabled(ctx, slog.LevelInfo) {
-			continue // spare the hot path building a line nobody reads
-		}
-		attrs := []any{"mac", req.ClientHWAddr.String(), "port", port, "outcome", outcome,
-			"ip", reply.YourIPAddr, "file", reply.BootFileName, "to", dst}
-		if !req.GatewayIPAddr.IsUnspecified() {
-			attrs = append(attrs, "relay", req.GatewayIPAddr,
-				"option82", reply.GetOneOption(dhcpv4.OptionRelayAgentInformation) != nil)
-		}
-		log.Info("dhcp reply", attrs...)
-	}
 }
 
 // neighbourMAC looks ip up in the kernel's IPv4 neighbour (ARP) table.

@@ -14,11 +14,14 @@ import (
 )
 
 // Leases is the lease state full mode needs; *lease.Store implements it.
+// Changes are applied at once and durable after Sync of the position they
+// return (see Decision.Commit).
 type Leases interface {
 	Offer(mac string, requested netip.Addr) (netip.Addr, error)
-	Grant(mac string, ip netip.Addr, d time.Duration) (lease.Lease, error)
-	Release(mac string, ip netip.Addr) error
-	Decline(mac string, ip netip.Addr) error
+	GrantBuffered(mac string, ip netip.Addr, d time.Duration) (lease.Lease, lease.Seq, error)
+	ReleaseBuffered(mac string, ip netip.Addr) lease.Seq
+	DeclineBuffered(mac string, ip netip.Addr) lease.Seq
+	Sync(lease.Seq) error
 }
 
 // FullConfig configures the server as the boot network's DHCP server.
@@ -77,54 +80,80 @@ const (
 // Reply computes the answer to req received on port. Lease changes are
 // durable before Reply returns a DHCPACK.
 func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, error) {
-	if port == PortPXE {
-		return f.proxy.Reply(req, port)
+	d, err := f.Decide(req, port)
+	if err == nil && d.Commit != 0 {
+		if err := f.cfg.Leases.Sync(d.Commit); err != nil {
+			// Could not make the lease durable: say nothing rather than
+			// ACK something a restart would forget.
+			return nil, Rejected, fmt.Errorf("%s from %s: %w", req.MessageType(), req.ClientHWAddr, err)
+		}
 	}
+	return d.Reply, d.Outcome, err
+}
+
+// Decide computes the answer to req received on port. Lease changes are
+// applied but not yet durable: d.Reply may leave only after
+// Leases.Sync(d.Commit), which lets a server answer a batch of requests
+// with one journal write and one fdatasync.
+func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return nil, IgnoredType, nil
+		return Decision{Outcome: IgnoredType}, nil
 	}
+	client, classifyErr := Classify(req)
+	if port == PortPXE {
+		return f.proxy.decide(req, port, client, classifyErr)
+	}
+	d := Decision{Client: client, Netboot: classifyErr == nil}
+	d.Outcome = IgnoredType
 	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
-		return nil, IgnoredType, nil
+		return d, nil
 	}
 	// Answer only for the network the pool is on: a relay's giaddr names
 	// the client's network; without a relay it is the server's own link.
+	d.Outcome = IgnoredOtherNetwork
 	if relay := addrOf(req.GatewayIPAddr); relay.IsValid() {
 		if !f.cfg.Subnet.Contains(relay) {
-			return nil, IgnoredOtherNetwork, nil
+			return d, nil
 		}
 	} else if !f.cfg.Subnet.Contains(f.cfg.Boot.ServerIP) {
-		return nil, IgnoredOtherNetwork, nil
+		return d, nil
 	}
 	mac := req.ClientHWAddr
 	if f.cfg.AllowAddress == nil || !f.cfg.AllowAddress(mac) {
-		return nil, IgnoredUnknown, nil
+		d.Outcome = IgnoredUnknown
+		return d, nil
 	}
 	switch req.MessageType() {
 	case dhcpv4.MessageTypeDiscover:
 		ip, err := f.cfg.Leases.Offer(mac.String(), addrOf(req.RequestedIPAddress()))
 		if err != nil {
-			return nil, Rejected, fmt.Errorf("offer to %s: %w", mac, err)
+			d.Outcome = Rejected
+			return d, fmt.Errorf("offer to %s: %w", mac, err)
 		}
-		return f.answer(req, dhcpv4.MessageTypeOffer, ip, Offered)
+		return f.answer(req, d, dhcpv4.MessageTypeOffer, ip, Offered)
 	case dhcpv4.MessageTypeRequest:
-		return f.request(req)
+		return f.request(req, d)
 	case dhcpv4.MessageTypeDecline:
 		ip := addrOf(req.RequestedIPAddress())
 		if !f.ours(req) || !ip.IsValid() {
-			return nil, IgnoredOtherHost, nil
+			d.Outcome = IgnoredOtherHost
+			return d, nil
 		}
-		return nil, Declined, f.cfg.Leases.Decline(mac.String(), ip)
+		d.Outcome, d.Commit = Declined, f.cfg.Leases.DeclineBuffered(mac.String(), ip)
+		return d, nil
 	case dhcpv4.MessageTypeRelease:
 		ip := addrOf(req.ClientIPAddr)
 		if !f.ours(req) || !ip.IsValid() {
-			return nil, IgnoredOtherHost, nil
+			d.Outcome = IgnoredOtherHost
+			return d, nil
 		}
-		return nil, Released, f.cfg.Leases.Release(mac.String(), ip)
+		d.Outcome, d.Commit = Released, f.cfg.Leases.ReleaseBuffered(mac.String(), ip)
+		return d, nil
 	case dhcpv4.MessageTypeInform:
 		// Configuration only: the client has its address already.
-		return f.answer(req, dhcpv4.MessageTypeAck, netip.Addr{}, Informed)
+		return f.answer(req, d, dhcpv4.MessageTypeAck, netip.Addr{}, Informed)
 	default:
-		return nil, IgnoredType, nil
+		return d, nil
 	}
 }
 
@@ -135,13 +164,14 @@ func (f *Full) ours(req *dhcpv4.DHCPv4) bool {
 }
 
 // request handles the three kinds of DHCPREQUEST (RFC 2131 4.3.2).
-func (f *Full) request(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, Outcome, error) {
+func (f *Full) request(req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
 	requested := addrOf(req.RequestedIPAddress())
 	var want netip.Addr
 	switch {
 	case req.ServerIdentifier() != nil: // SELECTING an offer
 		if !f.ours(req) {
-			return nil, IgnoredOtherHost, nil // it chose another server
+			d.Outcome = IgnoredOtherHost // it chose another server
+			return d, nil
 		}
 		want = requested
 	case requested.IsValid(): // INIT-REBOOT: confirming an address it had
@@ -150,38 +180,40 @@ func (f *Full) request(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, Outcome, error) {
 		want = addrOf(req.ClientIPAddr)
 	}
 	if !want.IsValid() {
-		return nil, Rejected, fmt.Errorf("request from %s names no address", req.ClientHWAddr)
+		d.Outcome = Rejected
+		return d, fmt.Errorf("request from %s names no address", req.ClientHWAddr)
 	}
 	if !f.cfg.Subnet.Contains(want) {
-		return f.nak(req, fmt.Sprintf("%s is not on this network", want))
+		return f.nak(req, d, fmt.Sprintf("%s is not on this network", want))
 	}
-	l, err := f.cfg.Leases.Grant(req.ClientHWAddr.String(), want, f.cfg.LeaseTime)
+	l, seq, err := f.cfg.Leases.GrantBuffered(req.ClientHWAddr.String(), want, f.cfg.LeaseTime)
 	switch {
 	case errors.Is(err, lease.ErrTaken), errors.Is(err, lease.ErrOutOfPool):
-		return f.nak(req, err.Error())
+		return f.nak(req, d, err.Error())
 	case err != nil:
-		// Could not make the lease durable: say nothing rather than ACK
-		// something a restart would forget.
-		return nil, Rejected, fmt.Errorf("grant %s to %s: %w", want, req.ClientHWAddr, err)
+		d.Outcome = Rejected
+		return d, fmt.Errorf("grant %s to %s: %w", want, req.ClientHWAddr, err)
 	}
-	return f.answer(req, dhcpv4.MessageTypeAck, l.IP, Acked)
+	d.Commit = seq
+	return f.answer(req, d, dhcpv4.MessageTypeAck, l.IP, Acked)
 }
 
-func (f *Full) nak(req *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, Outcome, error) {
-	reply := newReply(req,
+func (f *Full) nak(req *dhcpv4.DHCPv4, d Decision, why string) (Decision, error) {
+	d.Reply = newReply(req,
 		dhcpv4.WithMessageType(dhcpv4.MessageTypeNak),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.proxy.serverIP())),
 		dhcpv4.WithOption(dhcpv4.OptMessage(why)),
 	)
 	if addrOf(req.GatewayIPAddr).IsValid() {
-		reply.SetBroadcast() // RFC 2131 4.3.2: the relay must broadcast a NAK
+		d.Reply.SetBroadcast() // RFC 2131 4.3.2: the relay must broadcast a NAK
 	}
-	return reply, Nacked, nil
+	d.Outcome = Nacked
+	return d, nil
 }
 
 // answer builds an OFFER or ACK for ip (zero for INFORM) with the network
 // options and, for allowed netboot clients, the boot information.
-func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (*dhcpv4.DHCPv4, Outcome, error) {
+func (f *Full) answer(req *dhcpv4.DHCPv4, d Decision, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (Decision, error) {
 	mods := []dhcpv4.Modifier{
 		dhcpv4.WithMessageType(mt),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.proxy.serverIP())),
@@ -203,13 +235,14 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, 
 	} else {
 		mods = append(mods, dhcpv4.WithClientIP(req.ClientIPAddr))
 	}
-	if client, err := Classify(req); err == nil && f.cfg.Boot.Allow != nil && f.cfg.Boot.Allow(client) {
-		boot, err := f.proxy.bootMods(req, client)
+	if d.Netboot && f.cfg.Boot.Allow != nil && f.cfg.Boot.Allow(d.Client) {
+		boot, err := f.proxy.bootMods(req, d.Client)
 		if err != nil {
-			return nil, Rejected, err
+			d.Outcome = Rejected
+			return d, err
 		}
 		mods = append(mods, boot...)
-		if client.IPXE {
+		if d.Client.IPXE {
 			// iPXE takes an offer saying PXEClient for a ProxyDHCP
 			// server's too, and after the ACK asks it again on port 4011,
 			// waiting 1+2+4+8 s for an answer. The file name is all it
@@ -217,7 +250,8 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, ip netip.Addr, 
 			mods = append(mods, func(d *dhcpv4.DHCPv4) { d.Options.Del(dhcpv4.OptionClassIdentifier) })
 		}
 	}
-	return newReply(req, mods...), outcome, nil
+	d.Reply, d.Outcome = newReply(req, mods...), outcome
+	return d, nil
 }
 
 func addrOf(ip net.IP) netip.Addr {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +178,11 @@ func TestFullRequests(t *testing.T) {
 func grant(mac net.HardwareAddr, ip string) func(*testing.T, *Full) {
 	return func(t *testing.T, f *Full) {
 		t.Helper()
-		if _, err := f.cfg.Leases.Grant(mac.String(), netip.MustParseAddr(ip), time.Hour); err != nil {
+		_, seq, err := f.cfg.Leases.GrantBuffered(mac.String(), netip.MustParseAddr(ip), time.Hour)
+		if err == nil {
+			err = f.cfg.Leases.Sync(seq)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -287,5 +293,60 @@ func TestReplyEchoesClientIdentifier(t *testing.T) {
 	}
 	if offer.OpCode != dhcpv4.OpcodeBootReply || offer.HWType != 1 || !offer.GatewayIPAddr.IsUnspecified() {
 		t.Errorf("reply header: %s", offer.Summary())
+	}
+}
+
+// Decide applies a grant at once but leaves it to the caller to make it
+// durable before the ACK leaves: Reply does, a server answering a batch
+// does it once for the batch.
+func TestDecideCommit(t *testing.T) {
+	dir := t.TempDir()
+	pool, _ := lease.ParsePool("10.8.0.100-10.8.0.110")
+	store, err := lease.Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	f, err := NewFull(FullConfig{Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true },
+		Leases: store, Subnet: netip.MustParsePrefix("10.8.0.0/24"), LeaseTime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	durable := func(mac net.HardwareAddr) bool {
+		t.Helper()
+		// What a restart would read: a copy of the journal as it is now.
+		data, _ := os.ReadFile(filepath.Join(dir, "leases.jsonl"))
+		copyDir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(copyDir, "leases.jsonl"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r, err := lease.Open(copyDir, pool, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		_, ok := r.Lookup(mac.String())
+		return ok
+	}
+
+	d, err := f.Decide(request(t, dhcpv4.MessageTypeDiscover, append(pxe(iana.EFI_X86_64), dhcpv4.WithHwAddr(knownMAC))...), PortDHCP)
+	if err != nil || d.Outcome != Offered || d.Commit != 0 || !d.Netboot || d.Client.Firmware != UEFI {
+		t.Fatalf("offer: %+v %v: want an offer to a UEFI netboot client that waits for nothing", d, err)
+	}
+	d, err = f.Decide(request(t, dhcpv4.MessageTypeRequest, dhcpv4.WithHwAddr(ordinaryMAC), server, requested("10.8.0.105")), PortDHCP)
+	if err != nil || d.Outcome != Acked || d.Commit == 0 || d.Netboot {
+		t.Fatalf("request: %+v %v: want an ACK to a plain client that waits for a commit", d, err)
+	}
+	if _, ok := store.Lookup(ordinaryMAC.String()); !ok {
+		t.Error("grant not applied before its commit")
+	}
+	if durable(ordinaryMAC) {
+		t.Error("grant durable before Sync: the test cannot tell Decide from Reply")
+	}
+	if err := store.Sync(d.Commit); err != nil {
+		t.Fatal(err)
+	}
+	if !durable(ordinaryMAC) {
+		t.Error("grant not durable after Sync(d.Commit)")
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
+
+	"cozy.dev/cozy/pxe/lease"
 )
 
 // Ports a proxyDHCP server listens on: the DHCP server port, shared with the
@@ -73,22 +75,52 @@ const (
 	Rejected         Outcome = "rejected"
 )
 
+// Decision is the answer to one request.
+type Decision struct {
+	// Reply is the packet to send; nil means stay silent.
+	Reply   *dhcpv4.DHCPv4
+	Outcome Outcome
+	// Client is what the request says about a netboot client, read once
+	// for everyone who needs it; Netboot is false for every other request.
+	Client  Client
+	Netboot bool
+	// Commit is the lease journal position that must be durable
+	// (Leases.Sync) before Reply may leave; zero means nothing to wait for.
+	Commit lease.Seq
+}
+
 // Reply computes the answer to req received on port (PortDHCP or PortPXE).
 // A nil reply means stay silent; the outcome says why, and err says what
 // was wrong with a request that was rejected.
 func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, error) {
+	d, err := p.Decide(req, port)
+	return d.Reply, d.Outcome, err
+}
+
+// Decide is Reply with the request's classification kept in the decision.
+// A proxy writes no leases, so its decisions never wait for a commit.
+func (p *Proxy) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return nil, IgnoredType, nil
+		return Decision{Outcome: IgnoredType}, nil
 	}
 	client, err := Classify(req)
-	if errors.Is(err, ErrNotNetboot) {
-		return nil, IgnoredNotPXE, nil
+	return p.decide(req, port, client, err)
+}
+
+// decide answers req given its classification (client, classifyErr).
+func (p *Proxy) decide(req *dhcpv4.DHCPv4, port int, client Client, classifyErr error) (Decision, error) {
+	d := Decision{Client: client, Netboot: classifyErr == nil}
+	if errors.Is(classifyErr, ErrNotNetboot) {
+		d.Outcome = IgnoredNotPXE
+		return d, nil
 	}
-	if err != nil {
-		return nil, Rejected, err
+	if classifyErr != nil {
+		d.Outcome = Rejected
+		return d, classifyErr
 	}
 	if p.cfg.Allow == nil || !p.cfg.Allow(client) {
-		return nil, IgnoredUnknown, nil
+		d.Outcome = IgnoredUnknown
+		return d, nil
 	}
 
 	var replyType dhcpv4.MessageType
@@ -101,24 +133,29 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 	case port == PortDHCP && mt == dhcpv4.MessageTypeRequest:
 		// Requests on 67 are for the DHCP server that offered the
 		// address; a proxy has no lease to confirm.
-		return nil, IgnoredOtherHost, nil
+		d.Outcome = IgnoredOtherHost
+		return d, nil
 	default:
-		return nil, IgnoredType, nil
+		d.Outcome = IgnoredType
+		return d, nil
 	}
 	if sid := req.ServerIdentifier(); port == PortPXE && sid != nil && !sid.Equal(p.serverIP()) {
-		return nil, IgnoredOtherHost, nil
+		d.Outcome = IgnoredOtherHost
+		return d, nil
 	}
 
 	mods, err := p.bootMods(req, client)
 	if err != nil {
-		return nil, Rejected, err
+		d.Outcome = Rejected
+		return d, err
 	}
 	mods = append(mods,
 		dhcpv4.WithMessageType(replyType),
 		dhcpv4.WithYourIP(net.IPv4zero),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(p.serverIP())),
 	)
-	return newReply(req, mods...), outcomeOf(replyType), nil
+	d.Reply, d.Outcome = newReply(req, mods...), outcomeOf(replyType)
+	return d, nil
 }
 
 // bootMods returns what points client at its next boot stage: next
