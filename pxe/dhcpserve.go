@@ -52,14 +52,28 @@ type sentReply struct {
 	outcome    dhcp.Outcome
 }
 
+// add encodes a reply into the next message, reusing the buffer that
+// message slot had before.
 func (o *outgoing) add(req *dhcpv4.DHCPv4, d dhcp.Decision, dst *net.UDPAddr) {
-	o.msgs = append(o.msgs, ipv4.Message{Buffers: [][]byte{d.Reply.ToBytes()}, Addr: dst})
+	if len(o.msgs) < cap(o.msgs) {
+		o.msgs = o.msgs[:len(o.msgs)+1]
+	} else {
+		o.msgs = append(o.msgs, ipv4.Message{})
+	}
+	m := &o.msgs[len(o.msgs)-1]
+	if m.Buffers == nil { // a slot never used (append grows by more than one)
+		m.Buffers = [][]byte{make([]byte, 0, 576)}
+	}
+	m.Buffers[0] = dhcp.AppendPacket(m.Buffers[0][:0], d.Reply)
+	m.Addr = dst
 	o.info = append(o.info, sentReply{req: req, reply: d.Reply, outcome: d.Outcome})
 }
 
 func (o *outgoing) reset() {
-	clear(o.msgs) // let the packets be collected
-	clear(o.info)
+	for i := range o.msgs {
+		o.msgs[i].Addr = nil // the buffers stay, for the next batch
+	}
+	clear(o.info) // let the packets be collected
 	o.msgs, o.info = o.msgs[:0], o.info[:0]
 }
 
@@ -138,9 +152,9 @@ func (s *dhcpServer) serve(ctx context.Context) error {
 			d, err := s.decider.Decide(req, s.port)
 			s.sighted(req, d, s.port, peer)
 			if err != nil {
-				s.log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", s.port, "type", req.MessageType(), "err", err)
+				s.log.Warn("dhcp request rejected", "mac", req.ClientHWAddr.String(), "port", s.port, "type", d.RequestType, "err", err)
 			} else if d.Reply == nil && s.log.Enabled(ctx, slog.LevelDebug) {
-				s.log.Debug("dhcp request handled without reply", "mac", req.ClientHWAddr.String(), "port", s.port, "type", req.MessageType(), "outcome", d.Outcome)
+				s.log.Debug("dhcp request handled without reply", "mac", req.ClientHWAddr.String(), "port", s.port, "type", d.RequestType, "outcome", d.Outcome)
 			}
 			var dst *net.UDPAddr
 			if d.Reply != nil {

@@ -391,7 +391,7 @@ func (s *server) fetched(f httpboot.Fetch) {
 
 // sighted counts a DHCP request and records netboot clients in the inventory.
 func (s *server) sighted(req *dhcpv4.DHCPv4, d dhcp.Decision, port int, peer *net.UDPAddr) {
-	s.met.countDHCP(port, req.MessageType(), d.Outcome)
+	s.met.countDHCP(port, d.RequestType, d.Outcome)
 	if !d.Netboot {
 		return // not a netboot client: its lease, if any, is in the lease journal
 	}

@@ -48,6 +48,34 @@ type FullConfig struct {
 type Full struct {
 	cfg   FullConfig
 	proxy *Proxy
+	opts  networkOptions
+}
+
+// networkOptions are the options every OFFER and ACK carries, in wire
+// form, encoded once: replies share them (nothing changes an option's
+// bytes once set).
+type networkOptions struct {
+	offer, ack, serverID, mask, routers, dns, leaseTime, renew, rebind []byte
+}
+
+func newNetworkOptions(serverID net.IP, cfg FullConfig) networkOptions {
+	enc := func(o dhcpv4.Option) []byte { return o.Value.ToBytes() }
+	n := networkOptions{
+		offer:     []byte{byte(dhcpv4.MessageTypeOffer)},
+		ack:       []byte{byte(dhcpv4.MessageTypeAck)},
+		serverID:  enc(dhcpv4.OptServerIdentifier(serverID)),
+		mask:      enc(dhcpv4.OptSubnetMask(net.CIDRMask(cfg.Subnet.Bits(), 32))),
+		leaseTime: enc(dhcpv4.OptIPAddressLeaseTime(cfg.LeaseTime)),
+		renew:     enc(dhcpv4.OptRenewTimeValue(cfg.LeaseTime / 2)),
+		rebind:    enc(dhcpv4.OptRebindingTimeValue(cfg.LeaseTime * 7 / 8)),
+	}
+	if len(cfg.Routers) > 0 {
+		n.routers = enc(dhcpv4.OptRouter(ips(cfg.Routers)...))
+	}
+	if len(cfg.DNS) > 0 {
+		n.dns = enc(dhcpv4.OptDNS(ips(cfg.DNS)...))
+	}
+	return n
 }
 
 // NewFull checks cfg and returns a Full.
@@ -65,7 +93,7 @@ func NewFull(cfg FullConfig) (*Full, error) {
 	if cfg.LeaseTime < time.Minute {
 		return nil, fmt.Errorf("lease time %v: at least a minute", cfg.LeaseTime)
 	}
-	return &Full{cfg: cfg, proxy: proxy}, nil
+	return &Full{cfg: cfg, proxy: proxy, opts: newNetworkOptions(proxy.serverIP(), cfg)}, nil
 }
 
 // Outcomes only full mode has.
@@ -97,13 +125,13 @@ func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, err
 // with one journal write and one fdatasync.
 func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return Decision{Outcome: IgnoredType}, nil
+		return Decision{Outcome: IgnoredType, RequestType: messageType(req)}, nil
 	}
 	client, classifyErr := Classify(req)
 	if port == PortPXE {
 		return f.proxy.decide(req, port, client, classifyErr)
 	}
-	d := Decision{Client: client, Netboot: classifyErr == nil}
+	d := Decision{RequestType: messageType(req), Client: client, Netboot: classifyErr == nil}
 	d.Outcome = IgnoredType
 	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
 		return d, nil
@@ -123,9 +151,9 @@ func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 		d.Outcome = IgnoredUnknown
 		return d, nil
 	}
-	switch req.MessageType() {
+	switch d.RequestType {
 	case dhcpv4.MessageTypeDiscover:
-		ip, err := f.cfg.Leases.Offer(mac.String(), addrOf(req.RequestedIPAddress()))
+		ip, err := f.cfg.Leases.Offer(mac.String(), optAddr(req, dhcpv4.OptionRequestedIPAddress))
 		if err != nil {
 			d.Outcome = Rejected
 			return d, fmt.Errorf("offer to %s: %w", mac, err)
@@ -134,7 +162,7 @@ func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	case dhcpv4.MessageTypeRequest:
 		return f.request(req, d)
 	case dhcpv4.MessageTypeDecline:
-		ip := addrOf(req.RequestedIPAddress())
+		ip := optAddr(req, dhcpv4.OptionRequestedIPAddress)
 		if !f.ours(req) || !ip.IsValid() {
 			d.Outcome = IgnoredOtherHost
 			return d, nil
@@ -159,16 +187,16 @@ func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 
 // ours reports whether a message that names a server names this one.
 func (f *Full) ours(req *dhcpv4.DHCPv4) bool {
-	sid := req.ServerIdentifier()
-	return sid == nil || sid.Equal(f.proxy.serverIP())
+	sid, ok := optIPv4(req, dhcpv4.OptionServerIdentifier)
+	return !ok || netip.AddrFrom4(sid) == f.cfg.Boot.ServerIP
 }
 
 // request handles the three kinds of DHCPREQUEST (RFC 2131 4.3.2).
 func (f *Full) request(req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
-	requested := addrOf(req.RequestedIPAddress())
+	requested := optAddr(req, dhcpv4.OptionRequestedIPAddress)
 	var want netip.Addr
 	switch {
-	case req.ServerIdentifier() != nil: // SELECTING an offer
+	case hasIPv4(req, dhcpv4.OptionServerIdentifier): // SELECTING an offer
 		if !f.ours(req) {
 			d.Outcome = IgnoredOtherHost // it chose another server
 			return d, nil
@@ -214,27 +242,29 @@ func (f *Full) nak(req *dhcpv4.DHCPv4, d Decision, why string) (Decision, error)
 // answer builds an OFFER or ACK for ip (zero for INFORM) with the network
 // options and, for allowed netboot clients, the boot information.
 func (f *Full) answer(req *dhcpv4.DHCPv4, d Decision, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (Decision, error) {
-	mods := []dhcpv4.Modifier{
-		dhcpv4.WithMessageType(mt),
-		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(f.proxy.serverIP())),
-		dhcpv4.WithNetmask(net.CIDRMask(f.cfg.Subnet.Bits(), 32)),
+	reply := newReply(req)
+	o, n := reply.Options, &f.opts
+	o[dhcpv4.OptionDHCPMessageType.Code()] = n.ack
+	if mt == dhcpv4.MessageTypeOffer {
+		o[dhcpv4.OptionDHCPMessageType.Code()] = n.offer
 	}
-	if len(f.cfg.Routers) > 0 {
-		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptRouter(ips(f.cfg.Routers)...)))
+	o[dhcpv4.OptionServerIdentifier.Code()] = n.serverID
+	o[dhcpv4.OptionSubnetMask.Code()] = n.mask
+	if n.routers != nil {
+		o[dhcpv4.OptionRouter.Code()] = n.routers
 	}
-	if len(f.cfg.DNS) > 0 {
-		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptDNS(ips(f.cfg.DNS)...)))
+	if n.dns != nil {
+		o[dhcpv4.OptionDomainNameServer.Code()] = n.dns
 	}
 	if ip.IsValid() {
-		mods = append(mods,
-			dhcpv4.WithYourIP(net.IP(ip.AsSlice())),
-			dhcpv4.WithLeaseTime(uint32(f.cfg.LeaseTime/time.Second)),
-			dhcpv4.WithOption(dhcpv4.OptRenewTimeValue(f.cfg.LeaseTime/2)),
-			dhcpv4.WithOption(dhcpv4.OptRebindingTimeValue(f.cfg.LeaseTime*7/8)),
-		)
+		reply.YourIPAddr = net.IP(ip.AsSlice())
+		o[dhcpv4.OptionIPAddressLeaseTime.Code()] = n.leaseTime
+		o[dhcpv4.OptionRenewTimeValue.Code()] = n.renew
+		o[dhcpv4.OptionRebindingTimeValue.Code()] = n.rebind
 	} else {
-		mods = append(mods, dhcpv4.WithClientIP(req.ClientIPAddr))
+		reply.ClientIPAddr = req.ClientIPAddr
 	}
+	var mods []dhcpv4.Modifier
 	if d.Netboot && f.cfg.Boot.Allow != nil && f.cfg.Boot.Allow(d.Client) {
 		boot, err := f.proxy.bootMods(req, d.Client)
 		if err != nil {
@@ -250,8 +280,44 @@ func (f *Full) answer(req *dhcpv4.DHCPv4, d Decision, mt dhcpv4.MessageType, ip 
 			mods = append(mods, func(d *dhcpv4.DHCPv4) { d.Options.Del(dhcpv4.OptionClassIdentifier) })
 		}
 	}
-	d.Reply, d.Outcome = newReply(req, mods...), outcome
+	for _, m := range mods {
+		m(reply)
+	}
+	d.Reply, d.Outcome = reply, outcome
 	return d, nil
+}
+
+// messageType is m's option 53, read without the allocations of
+// m.MessageType().
+func messageType(m *dhcpv4.DHCPv4) dhcpv4.MessageType {
+	if v := m.Options[dhcpv4.OptionDHCPMessageType.Code()]; len(v) == 1 {
+		return dhcpv4.MessageType(v[0])
+	}
+	return dhcpv4.MessageTypeNone
+}
+
+// optIPv4 reads an IPv4 address option of m as dhcpv4.GetIP does (four
+// bytes, else none), without its allocations.
+func optIPv4(m *dhcpv4.DHCPv4, code dhcpv4.OptionCode) ([4]byte, bool) {
+	v := m.Options[code.Code()]
+	if len(v) != 4 {
+		return [4]byte{}, false
+	}
+	return [4]byte(v), true
+}
+
+func hasIPv4(m *dhcpv4.DHCPv4, code dhcpv4.OptionCode) bool {
+	_, ok := optIPv4(m, code)
+	return ok
+}
+
+// optAddr is an IPv4 address option of m; the zero Addr if it is missing,
+// malformed or 0.0.0.0.
+func optAddr(m *dhcpv4.DHCPv4, code dhcpv4.OptionCode) netip.Addr {
+	if v, ok := optIPv4(m, code); ok && v != [4]byte{} {
+		return netip.AddrFrom4(v)
+	}
+	return netip.Addr{}
 }
 
 func addrOf(ip net.IP) netip.Addr {
@@ -279,7 +345,7 @@ func Destination(req, reply *dhcpv4.DHCPv4, port int, peer *net.UDPAddr) *net.UD
 		return &net.UDPAddr{IP: req.GatewayIPAddr, Port: dhcpv4.ServerPort}
 	case port == PortPXE:
 		return peer
-	case reply.MessageType() != dhcpv4.MessageTypeNak && addrOf(req.ClientIPAddr).IsValid():
+	case messageType(reply) != dhcpv4.MessageTypeNak && addrOf(req.ClientIPAddr).IsValid():
 		return &net.UDPAddr{IP: req.ClientIPAddr, Port: dhcpv4.ClientPort}
 	default:
 		return &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ClientPort}

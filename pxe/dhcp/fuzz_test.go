@@ -60,6 +60,9 @@ func FuzzReply(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if d, _ := p.Decide(req, PortPXE); d.RequestType != req.MessageType() {
+			t.Fatalf("decision says type %v, request has %v", d.RequestType, req.MessageType())
+		}
 		for i, port := range []int{PortDHCP, PortPXE, PortDHCP, PortPXE} {
 			var r replier = p
 			if i >= 2 {
@@ -72,7 +75,11 @@ func FuzzReply(f *testing.F) {
 				}
 				continue
 			}
-			got, err := dhcpv4.FromBytes(reply.ToBytes())
+			wire := reply.ToBytes()
+			if !bytes.Equal(AppendPacket(nil, reply), wire) {
+				t.Fatalf("AppendPacket differs from ToBytes for %s", reply.Summary())
+			}
+			got, err := dhcpv4.FromBytes(wire)
 			if err != nil {
 				t.Fatalf("reply (%s) does not parse: %v", outcome, err)
 			}

@@ -80,6 +80,8 @@ type Decision struct {
 	// Reply is the packet to send; nil means stay silent.
 	Reply   *dhcpv4.DHCPv4
 	Outcome Outcome
+	// RequestType is the request's message type (option 53).
+	RequestType dhcpv4.MessageType
 	// Client is what the request says about a netboot client, read once
 	// for everyone who needs it; Netboot is false for every other request.
 	Client  Client
@@ -101,7 +103,7 @@ func (p *Proxy) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, er
 // A proxy writes no leases, so its decisions never wait for a commit.
 func (p *Proxy) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return Decision{Outcome: IgnoredType}, nil
+		return Decision{Outcome: IgnoredType, RequestType: messageType(req)}, nil
 	}
 	client, err := Classify(req)
 	return p.decide(req, port, client, err)
@@ -109,7 +111,7 @@ func (p *Proxy) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 
 // decide answers req given its classification (client, classifyErr).
 func (p *Proxy) decide(req *dhcpv4.DHCPv4, port int, client Client, classifyErr error) (Decision, error) {
-	d := Decision{Client: client, Netboot: classifyErr == nil}
+	d := Decision{RequestType: messageType(req), Client: client, Netboot: classifyErr == nil}
 	if errors.Is(classifyErr, ErrNotNetboot) {
 		d.Outcome = IgnoredNotPXE
 		return d, nil
@@ -124,7 +126,7 @@ func (p *Proxy) decide(req *dhcpv4.DHCPv4, port int, client Client, classifyErr 
 	}
 
 	var replyType dhcpv4.MessageType
-	switch mt := req.MessageType(); {
+	switch mt := d.RequestType; {
 	case port == PortDHCP && mt == dhcpv4.MessageTypeDiscover:
 		replyType = dhcpv4.MessageTypeOffer
 	case port == PortPXE && (mt == dhcpv4.MessageTypeRequest || mt == dhcpv4.MessageTypeInform):

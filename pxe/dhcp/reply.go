@@ -28,9 +28,10 @@ func newReply(req *dhcpv4.DHCPv4, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
 		GatewayIPAddr: giaddr,
 		Options:       make(dhcpv4.Options, 8),
 	}
-	for _, code := range []dhcpv4.OptionCode{dhcpv4.OptionRelayAgentInformation, dhcpv4.OptionClientIdentifier} {
-		if v := req.Options.Get(code); v != nil {
-			d.UpdateOption(dhcpv4.OptGeneric(code, v))
+	// Shared with the request, which nobody changes.
+	for _, code := range []uint8{dhcpv4.OptionRelayAgentInformation.Code(), dhcpv4.OptionClientIdentifier.Code()} {
+		if v, ok := req.Options[code]; ok {
+			d.Options[code] = v
 		}
 	}
 	for _, m := range mods {

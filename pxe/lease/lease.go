@@ -156,10 +156,34 @@ func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.T
 }
 
 func normMAC(mac string) string {
+	if canonicalMAC(mac) {
+		return mac // what net.HardwareAddr.String writes, as callers mostly pass
+	}
 	if hw, err := net.ParseMAC(mac); err == nil {
 		return hw.String()
 	}
 	return mac
+}
+
+// canonicalMAC reports whether mac is six lower-case hex pairs separated by
+// colons.
+func canonicalMAC(mac string) bool {
+	if len(mac) != 17 {
+		return false
+	}
+	for i := 0; i < len(mac); i++ {
+		c := mac[i]
+		switch {
+		case i%3 == 2:
+			if c != ':' {
+				return false
+			}
+		case ('0' <= c && c <= '9') || ('a' <= c && c <= 'f'):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // load replays the journal (see readJournal for what is dropped).

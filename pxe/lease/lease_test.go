@@ -429,3 +429,18 @@ func TestJournalFailureSticks(t *testing.T) {
 		t.Fatal("grant acknowledged after a failed journal write")
 	}
 }
+
+func TestNormMAC(t *testing.T) {
+	for in, want := range map[string]string{
+		"52:54:00:0a:bc:de": "52:54:00:0a:bc:de",
+		"52:54:00:0A:BC:DE": "52:54:00:0a:bc:de",
+		"52-54-00-0a-bc-de": "52:54:00:0a:bc:de",
+		"5254.000a.bcde":    "52:54:00:0a:bc:de",
+		"not a mac":         "not a mac",
+		"52:54:00:0a:bc:dg": "52:54:00:0a:bc:dg",
+	} {
+		if got := normMAC(in); got != want {
+			t.Errorf("normMAC(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
