@@ -413,6 +413,24 @@ func (s *server) sighted(req *dhcpv4.DHCPv4, d dhcp.Decision, port int, peer *ne
 	})
 }
 
+// compactLeases rewrites the lease journal whenever it has grown enough,
+// while DHCP goes on, until ctx ends.
+func (s *server) compactLeases(ctx context.Context, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.leases.CompactionDue():
+			start := time.Now()
+			if err := s.leases.Compact(); err != nil {
+				log.Warn("lease journal not compacted; it keeps growing", "err", err)
+				continue
+			}
+			log.Info("lease journal compacted", "took", time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
 // tftpSent counts a finished TFTP transfer and advances its machine.
 func (s *server) tftpSent(name string, ip netip.Addr) {
 	s.met.tftpTransfer.WithLabelValues("sent").Inc()
@@ -495,6 +513,9 @@ func (s *server) run(ctx context.Context) error {
 		}).Serve(ctx, tftpConn)
 	})
 	run("inventory", func() error { return s.inv.Run(ctx, time.Second) })
+	if s.leases != nil {
+		run("leases", func() error { s.compactLeases(ctx, log.With("service", "dhcp")); return nil })
+	}
 	run("http", func() error {
 		if err := httpSrv.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return err

@@ -108,37 +108,38 @@ func readJournal(path string) ([]record, error) {
 	return out, sc.Err()
 }
 
-// journalFile is the open journal: where the next record goes and how far
-// the zero-filled tail reaches. Only the holder of Store.syncMu uses it.
+// journalFile is an open journal: where the next record goes and how far
+// the zero-filled tail reaches. Only the holder of Store.syncMu uses the
+// store's current one.
 type journalFile struct {
 	f         *os.File
 	off       int64 // end of the last record
 	allocated int64 // end of the zero-filled tail (the file's size)
 }
 
-// writeJournal replaces the journal at path, crash-safely, with content
-// and a zero-filled tail, and opens it for appending.
-func writeJournal(path string, content []byte) (*journalFile, error) {
-	data := make([]byte, len(content)+preallocate)
-	copy(data, content)
-	if err := atomicfile.Write(path, data, 0o600); err != nil {
-		return nil, fmt.Errorf("write leases: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+// newJournal starts a replacement of the journal at path holding content
+// and a zero-filled tail; it replaces the file on Commit.
+func newJournal(path string, content []byte) (*journalFile, *atomicfile.Replacement, error) {
+	r, err := atomicfile.NewReplacement(path, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open leases: %w", err)
+		return nil, nil, err
 	}
-	return &journalFile{f: f, off: int64(len(content)), allocated: int64(len(data))}, nil
+	j := &journalFile{f: r.File}
+	if err := j.append(content); err != nil {
+		r.Abort()
+		return nil, nil, err
+	}
+	return j, r, nil
 }
 
-// write puts data after the last record, extending the zero-filled tail
-// first if data would reach past it, then makes it durable. Only the
-// extension (once per preallocate bytes) changes the file's size.
-func (j *journalFile) write(data []byte) error {
+// append writes data after the last record, extending the zero-filled
+// tail first if data would fill it. Only an extension (once per
+// preallocate bytes) changes the file's size.
+func (j *journalFile) append(data []byte) error {
 	end := j.off + int64(len(data))
-	if end > j.allocated {
+	if end >= j.allocated {
 		target := end + preallocate
-		for at := j.allocated; at < target; {
+		for at := max(j.allocated, end); at < target; {
 			n := min(int64(len(zeroBlock)), target-at)
 			if _, err := j.f.WriteAt(zeroBlock[:n], at); err != nil {
 				return fmt.Errorf("extend lease journal: %w", err)
@@ -151,10 +152,233 @@ func (j *journalFile) write(data []byte) error {
 		return fmt.Errorf("write lease journal: %w", err)
 	}
 	j.off = end
+	return nil
+}
+
+func (j *journalFile) sync() error {
 	if err := fdatasync(j.f); err != nil {
 		return fmt.Errorf("sync lease journal: %w", err)
 	}
 	return nil
+}
+
+// When a running journal is compacted: once it holds this many records
+// and compactRatio times as many as a compacted one would.
+const (
+	compactMinRecords = 10000
+	compactRatio      = 4
+)
+
+// compact rewrites the journal as one record per lease and declined
+// address, crash-safely; for Open, before anything else runs.
+func (s *Store) compact() error {
+	snap := s.snapshot()
+	j, r, err := newJournal(s.path, encode(snap))
+	if err == nil {
+		if err = r.Commit(); err != nil {
+			r.Abort()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("compact leases: %w", err)
+	}
+	s.journal, s.fileRecords = j, len(snap)
+	return nil
+}
+
+// snapshot lists the live state as records: every lease (expired ones
+// too: the binding gives a returning client its address back) and the
+// declined addresses still resting. s.mu must be held, or nothing else
+// may run.
+func (s *Store) snapshot() []record {
+	now := s.now()
+	out := make([]record, 0, len(s.byIP)+len(s.declined))
+	for _, l := range s.byIP {
+		out = append(out, record{Op: opGrant, MAC: l.MAC, IP: l.IP, Expires: l.Expires})
+	}
+	for ip, until := range s.declined {
+		if now.Before(until) {
+			out = append(out, record{Op: opDecline, IP: ip, Expires: until})
+		}
+	}
+	return out
+}
+
+func encode(records []record) []byte {
+	var b []byte
+	for _, r := range records {
+		b = appendRecord(b, r)
+	}
+	return b
+}
+
+// append adds a record to the journal and applies it; s.mu must be held.
+// The record is durable only after Sync(seq).
+func (s *Store) append(r record) Seq {
+	s.pending = appendRecord(s.pending, r)
+	// Applied before it is durable: until then the address counts as taken
+	// (the safe side) but no one has been told it is theirs.
+	s.apply(r)
+	s.written++
+	return s.written
+}
+
+// flush writes the pending records to the journal file, not yet durable;
+// s.syncMu must be held.
+func (s *Store) flush() (live int, err error) {
+	s.mu.Lock()
+	data, target := s.pending, s.written
+	s.pending = s.spare[:0]
+	live = len(s.byIP) + len(s.declined)
+	s.mu.Unlock()
+	err = s.journal.append(data)
+	if err == nil && s.compacting {
+		s.tail = append(s.tail, data...)
+		s.tailRecords += int(target - s.flushed)
+	}
+	s.spare = data[:0]
+	s.fileRecords += int(target - s.flushed)
+	s.flushed = target
+	return live, err
+}
+
+// Sync makes every record up to seq durable. Callers that appended while
+// another write was on its way share the next one (group commit), so
+// concurrent grants cost one write and one fdatasync, not one each.
+func (s *Store) Sync(seq Seq) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.synced >= seq {
+		return nil
+	}
+	if s.failed != nil {
+		return s.failed
+	}
+	live, err := s.flush()
+	if err == nil {
+		err = s.journal.sync()
+	}
+	if err != nil {
+		s.failed = err
+		return err
+	}
+	s.synced = s.flushed
+	if !s.compacting && s.fileRecords >= max(s.compactMin, compactRatio*live, s.retryAfter) {
+		select {
+		case s.due <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// CompactionDue receives a value when the journal has grown enough that
+// Compact is worth running.
+func (s *Store) CompactionDue() <-chan struct{} { return s.due }
+
+// Compact rewrites the journal as one record per lease and declined
+// address, while grants go on, without ever losing one:
+//
+//  1. Snapshot the state; everything appended so far is written to the
+//     old journal, and what is written to it from then on is also kept
+//     in memory (the tail).
+//  2. Write the snapshot to a new file beside the journal and sync it,
+//     then the tail so far (no locks held: grants and syncs go on in the
+//     old journal).
+//  3. Holding up journal writes: append the rest of the tail, sync, rename
+//     the new file over the journal, sync the directory, and write on in
+//     the new file.
+//
+// Until the rename, the old journal has every durable record, and after
+// it the new one does; no record goes to the new file before the rename
+// is durable. A crash at any point leaves one or the other, plus a
+// temporary file that Open removes.
+func (s *Store) Compact() error {
+	s.compactMu.Lock()
+	defer s.compactMu.Unlock()
+
+	s.syncMu.Lock()
+	if s.failed != nil {
+		s.syncMu.Unlock()
+		return s.failed
+	}
+	s.mu.Lock()
+	snap := s.snapshot()
+	s.mu.Unlock()
+	// The snapshot holds every record appended so far, so they must be in
+	// the old file before the tail starts: flush them (a later Sync makes
+	// them durable, there or, as part of the snapshot, in the new file).
+	if _, err := s.flush(); err != nil {
+		s.failed = err
+		s.syncMu.Unlock()
+		return err
+	}
+	s.compacting, s.tail, s.tailRecords = true, s.tail[:0], 0
+	s.syncMu.Unlock()
+
+	j, r, err := newJournal(s.path, encode(snap))
+	if err != nil {
+		return s.compactFailed(nil, err)
+	}
+	if err := j.sync(); err != nil {
+		return s.compactFailed(r, err)
+	}
+	s.syncMu.Lock()
+	caughtUp := bytes.Clone(s.tail)
+	s.syncMu.Unlock()
+	if err := j.append(caughtUp); err != nil {
+		return s.compactFailed(r, err)
+	}
+	if err := j.sync(); err != nil {
+		return s.compactFailed(r, err)
+	}
+
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.failed != nil { // the old journal failed, or the store was closed
+		s.compacting, s.tail = false, nil
+		r.Abort()
+		return s.failed
+	}
+	err = j.append(s.tail[len(caughtUp):])
+	if err == nil {
+		err = r.Commit()
+	}
+	if err != nil {
+		s.compacting, s.tail = false, nil
+		s.retryAfter = s.fileRecords + s.compactMin
+		r.Abort()
+		return fmt.Errorf("compact leases: %w", err)
+	}
+	s.journal.f.Close()
+	s.journal, s.fileRecords = j, len(snap)+s.tailRecords
+	s.compacting, s.tail, s.retryAfter = false, nil, 0
+	return nil
+}
+
+// compactFailed ends a compaction that could not write its new journal:
+// the old one stays, and the next compaction waits until the journal has
+// grown again.
+func (s *Store) compactFailed(r *atomicfile.Replacement, err error) error {
+	if r != nil {
+		r.Abort()
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	s.compacting, s.tail = false, nil
+	s.retryAfter = s.fileRecords + s.compactMin
+	return fmt.Errorf("compact leases: %w", err)
+}
+
+// Close closes the journal. Records not yet synced are dropped, as a
+// crash would drop them: none of them was acknowledged.
+func (s *Store) Close() error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.failed == nil {
+		s.failed = errors.New("lease store closed")
+	}
+	return s.journal.f.Close()
 }
 
 func fdatasync(f *os.File) error {

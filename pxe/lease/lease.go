@@ -108,14 +108,28 @@ type Store struct {
 
 	// syncMu orders journal writes: one writer (and fdatasync) at a time,
 	// which every grant waiting meanwhile then shares (group commit).
+	// Lock order: syncMu, then mu.
 	syncMu  sync.Mutex
 	journal *journalFile
 	spare   []byte // the other pending buffer, swapped in on each write
+	flushed Seq    // records written to the journal file
 	synced  Seq    // records known durable
 	// failed is the first write or sync error: after it nothing is
 	// acknowledged again, since the kernel may have dropped what it had not
 	// written (a later fsync that succeeds would prove nothing).
 	failed error
+
+	// Compaction (see Compact). fileRecords counts the records in the
+	// journal file; while compacting, tail keeps what is written to the old
+	// file after the snapshot, for the new one. All under syncMu.
+	compactMu   sync.Mutex // one compaction at a time
+	due         chan struct{}
+	compactMin  int // records a journal may hold before compaction is due
+	retryAfter  int // no compaction is due before the file holds this many
+	fileRecords int
+	compacting  bool
+	tail        []byte
+	tailRecords int
 }
 
 type offer struct {
@@ -138,6 +152,7 @@ func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.T
 		byIP: map[netip.Addr]*Lease{}, byMAC: map[string]*Lease{},
 		declined: map[netip.Addr]time.Time{}, offers: map[netip.Addr]offer{},
 		path: filepath.Join(dir, leaseFileName),
+		due:  make(chan struct{}, 1), compactMin: compactMinRecords,
 	}
 	removeTemps(dir)
 	s.reserved = map[netip.Addr]string{}
@@ -232,72 +247,6 @@ func (s *Store) apply(r record) {
 		}
 		s.declined[r.IP] = r.Expires
 	}
-}
-
-// compact rewrites the journal as one record per lease and declined
-// address, crash-safely.
-func (s *Store) compact() error {
-	var b []byte
-	for _, l := range s.byIP {
-		b = appendRecord(b, record{Op: opGrant, MAC: l.MAC, IP: l.IP, Expires: l.Expires})
-	}
-	for ip, until := range s.declined {
-		b = appendRecord(b, record{Op: opDecline, IP: ip, Expires: until})
-	}
-	j, err := writeJournal(s.path, b)
-	if err != nil {
-		return fmt.Errorf("compact leases: %w", err)
-	}
-	s.journal = j
-	return nil
-}
-
-// append adds a record to the journal and applies it; s.mu must be held.
-// The record is durable only after Sync(seq).
-func (s *Store) append(r record) Seq {
-	s.pending = appendRecord(s.pending, r)
-	// Applied before it is durable: until then the address counts as taken
-	// (the safe side) but no one has been told it is theirs.
-	s.apply(r)
-	s.written++
-	return s.written
-}
-
-// Sync makes every record up to seq durable. Callers that appended while
-// another write was on its way share the next one (group commit), so
-// concurrent grants cost one write and one fdatasync, not one each.
-func (s *Store) Sync(seq Seq) error {
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	if s.synced >= seq {
-		return nil
-	}
-	if s.failed != nil {
-		return s.failed
-	}
-	s.mu.Lock()
-	data, target := s.pending, s.written
-	s.pending = s.spare[:0]
-	s.mu.Unlock()
-	err := s.journal.write(data)
-	s.spare = data[:0]
-	if err != nil {
-		s.failed = err
-		return err
-	}
-	s.synced = target
-	return nil
-}
-
-// Close closes the journal. Records not yet synced are dropped, as a
-// crash would drop them: none of them was acknowledged.
-func (s *Store) Close() error {
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	if s.failed == nil {
-		s.failed = errors.New("lease store closed")
-	}
-	return s.journal.f.Close()
 }
 
 // usableBy reports whether ip may go to mac now.

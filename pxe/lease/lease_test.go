@@ -2,6 +2,7 @@ package lease
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -314,6 +315,20 @@ func TestLeaseChild(t *testing.T) {
 	var out sync.Mutex
 	var next atomic.Int64
 	next.Store(int64(start))
+	if os.Getenv("COZY_LEASE_CHILD_COMPACT") != "" {
+		// Compact over and over, so kills land in every step of it.
+		go func() {
+			for n := 1; ; n++ {
+				if err := s.Compact(); err != nil {
+					fmt.Println("compact:", err)
+					os.Exit(1)
+				}
+				out.Lock()
+				fmt.Println("compacted", n)
+				out.Unlock()
+			}
+		}()
+	}
 	for w := range 4 {
 		go func() {
 			for {
@@ -443,4 +458,196 @@ func TestNormMAC(t *testing.T) {
 			t.Errorf("normMAC(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// Compaction runs while grants go on: every grant acknowledged before,
+// during or after it is in the journal that replaces the old one, and the
+// journal shrinks to what is live.
+func TestCompactWhileGranting(t *testing.T) {
+	dir := t.TempDir()
+	pool := mustPool(t, "10.8.0.1-10.8.255.254")
+	s, err := Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.compactMin = 500
+	const workers, perWorker, renewals = 4, 200, 8
+	var mu sync.Mutex
+	granted := map[string]netip.Addr{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				// Each client renews its lease, so the journal holds
+				// more records than leases.
+				mac := fmt.Sprintf("52:54:00:%02x:%02x:%02x", w, byte(i>>8), byte(i))
+				addr, err := s.Offer(mac, netip.Addr{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for range renewals {
+					if _, err := s.Grant(mac, addr, time.Hour); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				mu.Lock()
+				granted[mac] = addr
+				mu.Unlock()
+			}
+		})
+	}
+	compactions := 0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-s.CompactionDue():
+			if err := s.Compact(); err != nil {
+				t.Fatal(err)
+			}
+			compactions++
+		case <-done:
+			running = false
+		}
+	}
+	if compactions == 0 {
+		t.Fatal("no compaction came due")
+	}
+	if err := s.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "leases.jsonl"))
+	s.Close()
+	if max := int64(workers*perWorker*120 + 2*preallocate); fi.Size() > max {
+		t.Errorf("journal is %d bytes after compaction, want at most %d", fi.Size(), max)
+	}
+
+	s, err = Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := len(s.Leases()); got != len(granted) {
+		t.Errorf("%d leases, want %d", got, len(granted))
+	}
+	for mac, addr := range granted {
+		if l, ok := s.Lookup(mac); !ok || l.IP != addr {
+			t.Fatalf("lease %s -> %s lost in %d compactions", mac, addr, compactions)
+		}
+	}
+	t.Logf("%d compactions while granting %d leases %d times", compactions, len(granted), renewals)
+}
+
+// A compacted journal keeps expired leases (the client gets its address
+// back) but not declines that have rested long enough.
+func TestCompactKeepsBindings(t *testing.T) {
+	dir := t.TempDir()
+	c := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	s := open(t, dir, c)
+	if _, err := s.Grant(macA, ip("10.8.0.10"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Decline(macB, ip("10.8.0.11")); err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(time.Hour)
+	if err := s.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	data, _ := os.ReadFile(filepath.Join(dir, "leases.jsonl"))
+	records, _ := readJournal(filepath.Join(dir, "leases.jsonl"))
+	if len(records) != 1 || records[0].Op != opGrant || records[0].MAC != macA {
+		t.Errorf("compacted journal:\n%s", bytes.TrimRight(data, "\x00"))
+	}
+	s = open(t, dir, c)
+	if got, err := s.Offer(macA, netip.Addr{}); err != nil || got != ip("10.8.0.10") {
+		t.Errorf("expired lease's client offered %v %v, want its old address", got, err)
+	}
+}
+
+// TestCompactionCrashSafety kills, at random moments, a process that
+// grants leases while compacting its journal over and over, and checks
+// after each kill that every lease it reported as granted is there, that
+// no address is leased twice, and that no temporary file stays behind.
+func TestCompactionCrashSafety(t *testing.T) {
+	if os.Getenv("COZY_LEASE_CHILD_DIR") != "" {
+		t.Skip("helper process")
+	}
+	dir := t.TempDir()
+	self, _ := os.Executable()
+	granted := map[string]string{}
+	next, compactions := 0, 0
+	for round := range 12 {
+		cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
+		cmd.Env = append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next),
+			"COZY_LEASE_CHILD_COMPACT=1")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lines := make(chan string)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		record := func(line string) {
+			if n, ok := strings.CutPrefix(line, "compacted "); ok {
+				c, _ := strconv.Atoi(n)
+				compactions = max(compactions, c)
+				return
+			}
+			mac, addr, _ := strings.Cut(line, " ")
+			granted[mac] = addr
+		}
+		// Kill it after some grants and compactions, mid-whatever.
+		want := 50 + rand.IntN(400)
+		for n := 0; n < want; n++ {
+			line, ok := <-lines
+			if !ok {
+				break
+			}
+			record(line)
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		for line := range lines {
+			record(line)
+		}
+		_ = cmd.Wait()
+		next += 10000
+
+		s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
+		if err != nil {
+			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
+		}
+		seen := map[netip.Addr]string{}
+		for _, l := range s.Leases() {
+			if other, dup := seen[l.IP]; dup {
+				t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
+			}
+			seen[l.IP] = l.MAC
+		}
+		for mac, addr := range granted {
+			if l, ok := s.Lookup(mac); !ok || l.IP.String() != addr {
+				t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
+			}
+		}
+		s.Close()
+		entries, _ := os.ReadDir(dir)
+		if len(entries) != 1 {
+			t.Fatalf("round %d: files left in the state dir: %v", round, entries)
+		}
+	}
+	if compactions == 0 {
+		t.Fatal("the child never compacted")
+	}
+	t.Logf("%d leases survived 12 kill -9s amid compactions", len(granted))
 }
