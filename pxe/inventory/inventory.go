@@ -15,6 +15,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"cozy.dev/cozy/internal/atomicfile"
 )
 
 // Phase is how far a machine got, in boot order.
@@ -81,6 +83,11 @@ func Open(dir string, now func() time.Time) (*Inventory, error) {
 		now = time.Now
 	}
 	inv := &Inventory{path: filepath.Join(dir, File), now: now, machines: map[string]*Machine{}, byIP: map[netip.Addr]string{}}
+	// What a crash during a flush left behind.
+	temps, _ := filepath.Glob(filepath.Join(dir, "."+File+".tmp*"))
+	for _, t := range temps {
+		os.Remove(t)
+	}
 	list, err := Load(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -227,7 +234,7 @@ func (inv *Inventory) listLocked() []Machine {
 	return out
 }
 
-// Flush writes the inventory file if anything changed, atomically.
+// Flush writes the inventory file if anything changed, crash-safely.
 func (inv *Inventory) Flush() error {
 	inv.mu.Lock()
 	if !inv.dirty {
@@ -240,11 +247,12 @@ func (inv *Inventory) Flush() error {
 	if err != nil {
 		return err
 	}
-	tmp := inv.path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+	// Synced before it replaces the old file: after a crash the list is
+	// the last one flushed, never empty or torn.
+	if err := atomicfile.Write(inv.path, append(data, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write inventory: %w", err)
 	}
-	return os.Rename(tmp, inv.path)
+	return nil
 }
 
 // Run flushes every interval until ctx ends, then once more.

@@ -3,6 +3,8 @@ package inventory
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -124,5 +126,31 @@ func TestPersistence(t *testing.T) {
 	}
 	if mac, ok := again.MACAt(ipA); !ok || mac != macA {
 		t.Error("reopened inventory forgot which machine has which IP")
+	}
+}
+
+func TestFlushCrashSafe(t *testing.T) {
+	dir := t.TempDir()
+	inv, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.SawDHCP(DHCPSighting{MAC: "52:54:00:00:00:01", Allowed: true})
+	if err := inv.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A crash in the middle of a later flush leaves its temporary file.
+	if err := os.WriteFile(filepath.Join(dir, ".machines.json.tmp123"), []byte("[{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inv, err = Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := inv.Get("52:54:00:00:00:01"); !ok {
+		t.Error("machine lost across a restart")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 || entries[0].Name() != File {
+		t.Errorf("state dir holds %v, want only %s", entries, File)
 	}
 }
