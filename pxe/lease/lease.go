@@ -1,5 +1,5 @@
 // Package lease keeps the full-DHCP-mode address leases of the netboot
-// server: which address belongs to which MAC until when. Every grant is
+// server: which address of which pool belongs to which MAC until when. Every grant is
 // written to an append-only journal and fsynced before the caller may send
 // its DHCPACK, so a crash at any moment loses no granted lease and a
 // restarted server never hands a granted address to someone else.
@@ -84,22 +84,42 @@ const declineHold = 10 * time.Minute
 // decides, so two clients are not offered the same address.
 const offerHold = 30 * time.Second
 
-// Store holds the leases of one pool.
-type Store struct {
-	pool Pool
-	now  func() time.Time
-	// static maps a MAC to a reserved address; reserved addresses may lie
-	// outside the pool and are never given to anyone else.
-	static map[string]netip.Addr
-	// reserved is static inverted: which MAC an address is reserved for.
-	reserved map[netip.Addr]string
+// Network is one pool of addresses on one IP network, with the addresses
+// reserved there for some machines.
+type Network struct {
+	// Subnet is the network: the journal's records for addresses in it
+	// belong to this pool. Zero in a store of one network: every address
+	// belongs to it.
+	Subnet netip.Prefix
+	Pool   Pool
+	// Reservations maps a MAC to its fixed address, which may lie outside
+	// the pool (not outside Subnet) and never goes to anyone else.
+	Reservations map[string]netip.Addr
+}
 
-	mu sync.Mutex
+// network is a Network's state, under Store.mu.
+type network struct {
+	Network
+	static   map[string]netip.Addr // Reservations, by normalised MAC
+	reserved map[netip.Addr]string // static inverted
 	// cursor is where the search for a free address resumes, so offers
 	// stay O(1) on a pool that fills from the bottom.
-	cursor   netip.Addr
+	cursor netip.Addr
+	byMAC  map[string]*Lease
+}
+
+// Store holds the leases of one or more networks, in one journal: a batch
+// of grants costs one write and one fdatasync, whichever networks they
+// are on.
+type Store struct {
+	now  func() time.Time
+	nets []*network
+
+	mu sync.Mutex
+	// byIP holds every lease, also of addresses no network claims any more
+	// (a network removed from the configuration): they are kept, not
+	// forgotten, in case it comes back.
 	byIP     map[netip.Addr]*Lease
-	byMAC    map[string]*Lease
 	declined map[netip.Addr]time.Time
 	offers   map[netip.Addr]offer
 	path     string
@@ -137,30 +157,46 @@ type offer struct {
 	expires time.Time
 }
 
-// Open loads the leases in dir (creating it if needed) and compacts the
-// journal. static reserves addresses for MACs; now is the clock (time.Now
-// when nil).
+// Open loads the leases of one pool kept in dir (creating it if needed)
+// and compacts the journal. static reserves addresses for MACs; now is
+// the clock (time.Now when nil). Offer, Grant and the others act on this
+// pool.
 func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.Time) (*Store, error) {
+	return OpenNetworks(dir, []Network{{Pool: pool, Reservations: static}}, now)
+}
+
+// OpenNetworks is Open for several networks, each with its pool; Network(i)
+// is the store as the i-th sees it. Store's own Offer, Grant and the
+// others act on the first.
+func OpenNetworks(dir string, nets []Network, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("lease state dir: %w", err)
+	if len(nets) == 0 {
+		return nil, errors.New("no address pool")
 	}
 	s := &Store{
-		pool: pool, now: now, static: map[string]netip.Addr{},
-		byIP: map[netip.Addr]*Lease{}, byMAC: map[string]*Lease{},
+		now: now, byIP: map[netip.Addr]*Lease{},
 		declined: map[netip.Addr]time.Time{}, offers: map[netip.Addr]offer{},
 		path: filepath.Join(dir, leaseFileName),
 		due:  make(chan struct{}, 1), compactMin: compactMinRecords,
 	}
-	removeTemps(dir)
-	s.reserved = map[netip.Addr]string{}
-	for mac, ip := range static {
-		s.static[normMAC(mac)] = ip
-		s.reserved[ip] = normMAC(mac)
+	for i, n := range nets {
+		if err := checkNetwork(n, nets[:i]); err != nil {
+			return nil, err
+		}
+		st := &network{Network: n, static: map[string]netip.Addr{}, reserved: map[netip.Addr]string{},
+			cursor: n.Pool.First, byMAC: map[string]*Lease{}}
+		for mac, ip := range n.Reservations {
+			st.static[normMAC(mac)] = ip
+			st.reserved[ip] = normMAC(mac)
+		}
+		s.nets = append(s.nets, st)
 	}
-	s.cursor = pool.First
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("lease state dir: %w", err)
+	}
+	removeTemps(dir)
 	if err := s.load(); err != nil {
 		return nil, err
 	}
@@ -168,6 +204,42 @@ func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.T
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkNetwork refuses a network whose pool or reservations lie outside
+// it, or that overlaps one before it: each address must belong to one
+// network.
+func checkNetwork(n Network, before []Network) error {
+	if !n.Subnet.IsValid() {
+		if len(before) > 0 {
+			return fmt.Errorf("pool %s: name its network", n.Pool)
+		}
+		return nil
+	}
+	if !n.Subnet.Contains(n.Pool.First) || !n.Subnet.Contains(n.Pool.Last) {
+		return fmt.Errorf("pool %s is not inside its network %s", n.Pool, n.Subnet)
+	}
+	for mac, ip := range n.Reservations {
+		if !n.Subnet.Contains(ip) {
+			return fmt.Errorf("reservation %s=%s is not inside the network %s", mac, ip, n.Subnet)
+		}
+	}
+	for _, b := range before {
+		if !b.Subnet.IsValid() || b.Subnet.Overlaps(n.Subnet) {
+			return fmt.Errorf("networks %s and %s overlap: each address must belong to one pool", b.Subnet, n.Subnet)
+		}
+	}
+	return nil
+}
+
+// networkOf is the network an address belongs to; nil if none.
+func (s *Store) networkOf(ip netip.Addr) *network {
+	for _, n := range s.nets {
+		if !n.Subnet.IsValid() || n.Subnet.Contains(ip) {
+			return n
+		}
+	}
+	return nil
 }
 
 func normMAC(mac string) string {
@@ -224,16 +296,22 @@ func removeTemps(dir string) {
 }
 
 func (s *Store) apply(r record) {
+	n := s.networkOf(r.IP)
 	switch r.Op {
 	case opGrant:
-		if old := s.byMAC[r.MAC]; old != nil && old.IP != r.IP {
-			delete(s.byIP, old.IP)
+		if n != nil {
+			if old := n.byMAC[r.MAC]; old != nil && old.IP != r.IP {
+				delete(s.byIP, old.IP)
+			}
 		}
-		if old := s.byIP[r.IP]; old != nil && old.MAC != r.MAC {
-			delete(s.byMAC, old.MAC)
+		if old := s.byIP[r.IP]; old != nil && old.MAC != r.MAC && n != nil && n.byMAC[old.MAC] == old {
+			delete(n.byMAC, old.MAC)
 		}
 		l := &Lease{MAC: r.MAC, IP: r.IP, Expires: r.Expires}
-		s.byIP[r.IP], s.byMAC[r.MAC] = l, l
+		s.byIP[r.IP] = l
+		if n != nil {
+			n.byMAC[r.MAC] = l
+		}
 	case opRelease:
 		if l := s.byIP[r.IP]; l != nil && l.MAC == r.MAC {
 			// Keep the binding so the client gets the same address back,
@@ -242,24 +320,26 @@ func (s *Store) apply(r record) {
 		}
 	case opDecline:
 		if l := s.byIP[r.IP]; l != nil {
-			delete(s.byMAC, l.MAC)
+			if n != nil && n.byMAC[l.MAC] == l {
+				delete(n.byMAC, l.MAC)
+			}
 			delete(s.byIP, r.IP)
 		}
 		s.declined[r.IP] = r.Expires
 	}
 }
 
-// usableBy reports whether ip may go to mac now.
-func (s *Store) usableBy(ip netip.Addr, mac string, now time.Time) error {
-	if m, ok := s.reserved[ip]; ok && m != mac {
+// usableBy reports whether ip may go to mac now, on network n.
+func (s *Store) usableBy(n *network, ip netip.Addr, mac string, now time.Time) error {
+	if m, ok := n.reserved[ip]; ok && m != mac {
 		return fmt.Errorf("%w: %s is reserved for %s", ErrTaken, ip, m)
 	}
-	if r, ok := s.static[mac]; ok {
+	if r, ok := n.static[mac]; ok {
 		if r != ip {
 			return fmt.Errorf("%w: %s has the reservation %s", ErrTaken, mac, r)
 		}
-	} else if !s.pool.Contains(ip) {
-		return fmt.Errorf("%w: %s not in %s", ErrOutOfPool, ip, s.pool)
+	} else if !n.Pool.Contains(ip) {
+		return fmt.Errorf("%w: %s not in %s", ErrOutOfPool, ip, n.Pool)
 	}
 	if l := s.byIP[ip]; l != nil && l.MAC != mac && now.Before(l.Expires) {
 		return fmt.Errorf("%w: %s until %s", ErrTaken, ip, l.Expires.Format(time.RFC3339))
@@ -273,86 +353,98 @@ func (s *Store) usableBy(ip netip.Addr, mac string, now time.Time) error {
 	return nil
 }
 
+// Net is the store as one of its networks sees it: what that network's
+// DHCP server needs. Changes are applied at once and durable after
+// Sync of the position they return.
+type Net struct {
+	s *Store
+	n *network
+}
+
+// Network returns the i-th network's view of the store (in the order
+// given to OpenNetworks).
+func (s *Store) Network(i int) *Net { return &Net{s: s, n: s.nets[i]} }
+
 // Offer picks the address for a DHCPOFFER: the client's reservation, its
 // current or last address, the address it asks for, or the next free one.
 // Nothing is written: an offer is not a grant.
-func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
+func (v *Net) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
+	s, n := v.s, v.n
 	mac = normMAC(mac)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	candidates := []netip.Addr{}
-	if r, ok := s.static[mac]; ok {
-		candidates = append(candidates, r)
+	var candidates [2]netip.Addr
+	if r, ok := n.static[mac]; ok {
+		candidates[0] = r
 	} else {
-		if l := s.byMAC[mac]; l != nil {
-			candidates = append(candidates, l.IP)
+		if l := n.byMAC[mac]; l != nil {
+			candidates[0] = l.IP
 		}
-		if requested.IsValid() {
-			candidates = append(candidates, requested)
-		}
+		candidates[1] = requested
 	}
 	for _, ip := range candidates {
-		if s.usableBy(ip, mac, now) == nil {
+		if ip.IsValid() && s.usableBy(n, ip, mac, now) == nil {
 			s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
 			return ip, nil
 		}
 	}
-	if _, ok := s.static[mac]; ok {
-		return netip.Addr{}, s.usableBy(candidates[0], mac, now)
+	if r, ok := n.static[mac]; ok {
+		return netip.Addr{}, s.usableBy(n, r, mac, now)
 	}
 	// Never-used addresses first, then expired ones, so a client that
 	// returns soon tends to find its old address still free. The search
 	// starts at the cursor and wraps around once.
 	var expired netip.Addr
-	ip := s.cursor
-	for range s.pool.size() {
-		if s.usableBy(ip, mac, now) == nil {
+	ip := n.cursor
+	for range n.Pool.size() {
+		if s.usableBy(n, ip, mac, now) == nil {
 			if s.byIP[ip] == nil {
-				return s.hold(ip, mac, now), nil
+				return s.hold(n, ip, mac, now), nil
 			}
 			if !expired.IsValid() {
 				expired = ip
 			}
 		}
-		if ip = ip.Next(); !s.pool.Contains(ip) {
-			ip = s.pool.First
+		if ip = ip.Next(); !n.Pool.Contains(ip) {
+			ip = n.Pool.First
 		}
 	}
 	if expired.IsValid() {
-		return s.hold(expired, mac, now), nil
+		return s.hold(n, expired, mac, now), nil
 	}
 	return netip.Addr{}, ErrPoolExhausted
 }
 
 // hold reserves an offered address for its client and moves the cursor.
-func (s *Store) hold(ip netip.Addr, mac string, now time.Time) netip.Addr {
+func (s *Store) hold(n *network, ip netip.Addr, mac string, now time.Time) netip.Addr {
 	s.offers[ip] = offer{mac: mac, expires: now.Add(offerHold)}
-	if s.cursor = ip.Next(); !s.pool.Contains(s.cursor) {
-		s.cursor = s.pool.First
+	if n.cursor = ip.Next(); !n.Pool.Contains(n.cursor) {
+		n.cursor = n.Pool.First
 	}
 	return ip
 }
 
 // Grant leases ip to mac for d, durably: when Grant returns nil the lease
 // survives any crash. It fails if ip may not go to mac.
-func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
-	l, seq, err := s.GrantBuffered(mac, ip, d)
+func (v *Net) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
+	l, seq, err := v.GrantBuffered(mac, ip, d)
 	if err != nil {
 		return Lease{}, err
 	}
-	return l, s.Sync(seq)
+	return l, v.s.Sync(seq)
 }
 
 // GrantBuffered leases ip to mac for d, in memory: the lease is durable,
 // and may be acknowledged, once Sync(seq) has returned nil. Meanwhile the
 // address counts as taken.
-func (s *Store) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease, Seq, error) {
+func (v *Net) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease, Seq, error) {
+	s := v.s
 	mac = normMAC(mac)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if err := s.usableBy(ip, mac, now); err != nil {
+	if err := s.usableBy(v.n, ip, mac, now); err != nil {
 		return Lease{}, 0, err
 	}
 	delete(s.offers, ip)
@@ -361,13 +453,14 @@ func (s *Store) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease
 }
 
 // Release ends mac's lease on ip early (DHCPRELEASE), durably.
-func (s *Store) Release(mac string, ip netip.Addr) error {
-	return s.Sync(s.ReleaseBuffered(mac, ip))
+func (v *Net) Release(mac string, ip netip.Addr) error {
+	return v.s.Sync(v.ReleaseBuffered(mac, ip))
 }
 
 // ReleaseBuffered is Release, durable once Sync(seq) returns nil. Zero
 // means there was nothing to release.
-func (s *Store) ReleaseBuffered(mac string, ip netip.Addr) Seq {
+func (v *Net) ReleaseBuffered(mac string, ip netip.Addr) Seq {
+	s := v.s
 	mac = normMAC(mac)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -379,31 +472,86 @@ func (s *Store) ReleaseBuffered(mac string, ip netip.Addr) Seq {
 
 // Decline takes ip out of use for a while, durably: the client found it in
 // use (DHCPDECLINE after an ARP probe).
-func (s *Store) Decline(mac string, ip netip.Addr) error {
-	return s.Sync(s.DeclineBuffered(mac, ip))
+func (v *Net) Decline(mac string, ip netip.Addr) error {
+	return v.s.Sync(v.DeclineBuffered(mac, ip))
 }
 
 // DeclineBuffered is Decline, durable once Sync(seq) returns nil. Zero
 // means the decline was ignored.
-func (s *Store) DeclineBuffered(mac string, ip netip.Addr) Seq {
+func (v *Net) DeclineBuffered(mac string, ip netip.Addr) Seq {
+	s := v.s
 	mac = normMAC(mac)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if l := s.byIP[ip]; !s.pool.Contains(ip) || (l != nil && l.MAC != mac) {
+	if l := s.byIP[ip]; !v.n.Pool.Contains(ip) || (l != nil && l.MAC != mac) {
 		return 0 // not ours, or someone else's lease: a forged or confused decline
 	}
 	return s.append(record{Op: opDecline, IP: ip, Expires: s.now().Add(declineHold).UTC()})
 }
 
-// Lookup returns mac's lease, expired or not.
+// Sync makes every record up to seq durable (see Store.Sync).
+func (v *Net) Sync(seq Seq) error { return v.s.Sync(seq) }
+
+// Lookup returns mac's lease on this network, expired or not.
+func (v *Net) Lookup(mac string) (Lease, bool) {
+	v.s.mu.Lock()
+	defer v.s.mu.Unlock()
+	if l := v.n.byMAC[normMAC(mac)]; l != nil {
+		return *l, true
+	}
+	return Lease{}, false
+}
+
+// The first network's view, for a store of one.
+
+// Offer is Network(0).Offer.
+func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
+	return s.Network(0).Offer(mac, requested)
+}
+
+// Grant is Network(0).Grant.
+func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
+	return s.Network(0).Grant(mac, ip, d)
+}
+
+// GrantBuffered is Network(0).GrantBuffered.
+func (s *Store) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease, Seq, error) {
+	return s.Network(0).GrantBuffered(mac, ip, d)
+}
+
+// Release is Network(0).Release.
+func (s *Store) Release(mac string, ip netip.Addr) error { return s.Network(0).Release(mac, ip) }
+
+// ReleaseBuffered is Network(0).ReleaseBuffered.
+func (s *Store) ReleaseBuffered(mac string, ip netip.Addr) Seq {
+	return s.Network(0).ReleaseBuffered(mac, ip)
+}
+
+// Decline is Network(0).Decline.
+func (s *Store) Decline(mac string, ip netip.Addr) error { return s.Network(0).Decline(mac, ip) }
+
+// DeclineBuffered is Network(0).DeclineBuffered.
+func (s *Store) DeclineBuffered(mac string, ip netip.Addr) Seq {
+	return s.Network(0).DeclineBuffered(mac, ip)
+}
+
+// Lookup returns mac's lease, expired or not: on the first network that
+// has one, else among the leases of addresses no network claims.
 func (s *Store) Lookup(mac string) (Lease, bool) {
+	mac = normMAC(mac)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l := s.byMAC[normMAC(mac)]
-	if l == nil {
-		return Lease{}, false
+	for _, n := range s.nets {
+		if l := n.byMAC[mac]; l != nil {
+			return *l, true
+		}
 	}
-	return *l, true
+	for _, l := range s.byIP {
+		if l.MAC == mac && s.networkOf(l.IP) == nil {
+			return *l, true
+		}
+	}
+	return Lease{}, false
 }
 
 // Leases returns a copy of every lease, expired ones included.

@@ -651,3 +651,103 @@ func TestCompactionCrashSafety(t *testing.T) {
 	}
 	t.Logf("%d leases survived 12 kill -9s amid compactions", len(granted))
 }
+
+// Several networks share one journal; each hands out its own pool, keeps
+// its reservations, and a client may hold a lease on each.
+func TestNetworks(t *testing.T) {
+	dir := t.TempDir()
+	nets := []Network{
+		{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.12")},
+		{Subnet: netip.MustParsePrefix("10.9.0.0/24"), Pool: mustPool(t, "10.9.0.10-10.9.0.11"),
+			Reservations: map[string]netip.Addr{macR: ip("10.9.0.50")}},
+	}
+	s, err := OpenNetworks(dir, nets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := s.Network(0), s.Network(1)
+	grant := func(v *Net, mac string) netip.Addr {
+		t.Helper()
+		addr, err := v.Offer(mac, netip.Addr{})
+		if err == nil {
+			_, err = v.Grant(mac, addr, time.Hour)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return addr
+	}
+	if got := grant(a, macA); got != ip("10.8.0.10") {
+		t.Errorf("first network gave %s", got)
+	}
+	if got := grant(b, macA); got != ip("10.9.0.10") {
+		t.Errorf("second network gave %s to the same client", got)
+	}
+	if got := grant(a, macR); got != ip("10.8.0.11") {
+		t.Errorf("a reservation on the second network counts on the first: %s", got)
+	}
+	if got := grant(b, macR); got != ip("10.9.0.50") {
+		t.Errorf("reservation: %s", got)
+	}
+	if _, err := b.Grant(macB, ip("10.8.0.12"), time.Hour); err == nil || !strings.Contains(err.Error(), ErrOutOfPool.Error()) {
+		t.Errorf("an address of the other network: %v, want %v", err, ErrOutOfPool)
+	}
+	s.Close()
+
+	s, err = OpenNetworks(dir, nets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i, want := range map[int]string{0: "10.8.0.10", 1: "10.9.0.10"} {
+		if l, ok := s.Network(i).Lookup(macA); !ok || l.IP.String() != want {
+			t.Errorf("network %d after reopening: %s has %v, want %s", i, macA, l.IP, want)
+		}
+	}
+	if got := len(s.Leases()); got != 4 {
+		t.Errorf("%d leases after reopening, want 4", got)
+	}
+}
+
+func TestNetworksRefused(t *testing.T) {
+	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	for name, nets := range map[string][]Network{
+		"overlap":             {{Subnet: p("10.8.0.0/16"), Pool: mustPool(t, "10.8.0.10-10.8.0.20")}, {Subnet: p("10.8.1.0/24"), Pool: mustPool(t, "10.8.1.10-10.8.1.20")}},
+		"pool outside":        {{Subnet: p("10.8.0.0/24"), Pool: mustPool(t, "10.8.1.10-10.8.1.20")}},
+		"reservation outside": {{Subnet: p("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.20"), Reservations: map[string]netip.Addr{macA: ip("10.9.0.1")}}},
+		"second without net":  {{Subnet: p("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.20")}, {Pool: mustPool(t, "10.9.0.10-10.9.0.20")}},
+		"none":                nil,
+	} {
+		if s, err := OpenNetworks(t.TempDir(), nets, nil); err == nil {
+			s.Close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A lease on an address no configured network claims any more (its
+// network was dropped from the configuration) is kept, not forgotten.
+func TestLeasesOutsideEveryNetworkKept(t *testing.T) {
+	dir := t.TempDir()
+	journal := `{"op":"grant","mac":"52:54:00:00:00:0a","ip":"10.7.0.5","expires":"2030-01-01T00:00:00Z"}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "leases.jsonl"), []byte(journal), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nets := []Network{{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.12")}}
+	for range 2 { // the second time, from the journal the first compacted
+		s, err := OpenNetworks(dir, nets, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Compact(); err != nil {
+			t.Fatal(err)
+		}
+		if l, ok := s.Lookup(macA); !ok || l.IP != ip("10.7.0.5") {
+			t.Errorf("lease outside every network: %v %v", l, ok)
+		}
+		if _, ok := s.Network(0).Lookup(macA); ok {
+			t.Error("the lease counts on a network it is not on")
+		}
+		s.Close()
+	}
+}
