@@ -24,7 +24,21 @@ type Leases interface {
 	Sync(lease.Seq) error
 }
 
-// FullConfig configures the server as the boot network's DHCP server.
+// Network is one network full mode hands out addresses on: the server's
+// own link (requests not relayed are answered from it) or a network
+// behind a relay agent (requests relayed from an address in it are).
+type Network struct {
+	// Subnet is the network; its mask goes to clients, and requests for
+	// addresses outside it are refused with DHCPNAK.
+	Subnet  netip.Prefix
+	Routers []netip.Addr
+	DNS     []netip.Addr
+	// Leases is the network's pool (lease.Store.Network(i)).
+	Leases Leases
+}
+
+// FullConfig configures the server as the DHCP server of one or more
+// networks.
 type FullConfig struct {
 	// Boot is the boot information, as for proxy mode; Boot.Allow decides
 	// who gets it.
@@ -32,50 +46,55 @@ type FullConfig struct {
 	// AllowAddress decides who gets an address at all (PXE client or
 	// not). Nil gives nobody one.
 	AllowAddress func(mac net.HardwareAddr) bool
-	Leases       Leases
-	// Subnet is the network the pool belongs to; its mask goes to clients,
-	// and requests for addresses outside it are refused with DHCPNAK. It is
-	// the server's own link, or a network behind a relay agent (then only
-	// requests relayed from it are answered).
+	// Networks are the networks served; their subnets must not overlap.
+	Networks []Network
+	// Subnet, Routers, DNS and Leases, when Leases is set, are one more
+	// network, first: the shorthand for a server of one.
 	Subnet    netip.Prefix
 	Routers   []netip.Addr
 	DNS       []netip.Addr
+	Leases    Leases
 	LeaseTime time.Duration
 }
 
-// Full answers DHCP as the network's only DHCP server: addresses from a
+// Full answers DHCP as the networks' only DHCP server: addresses from a
 // pool, plus boot information for netboot clients.
 type Full struct {
 	cfg   FullConfig
 	proxy *Proxy
-	opts  networkOptions
+	nets  []*fullNetwork
 }
 
-// networkOptions are the options every OFFER and ACK carries, in wire
-// form, encoded once: replies share them (nothing changes an option's
-// bytes once set).
+type fullNetwork struct {
+	Network
+	opts networkOptions
+}
+
+// networkOptions are the options every OFFER and ACK on a network
+// carries, in wire form, encoded once: replies share them (nothing changes
+// an option's bytes once set).
 type networkOptions struct {
 	offer, ack, serverID, mask, routers, dns, leaseTime, renew, rebind []byte
 }
 
-func newNetworkOptions(serverID net.IP, cfg FullConfig) networkOptions {
+func newNetworkOptions(serverID net.IP, n Network, leaseTime time.Duration) networkOptions {
 	enc := func(o dhcpv4.Option) []byte { return o.Value.ToBytes() }
-	n := networkOptions{
+	o := networkOptions{
 		offer:     []byte{byte(dhcpv4.MessageTypeOffer)},
 		ack:       []byte{byte(dhcpv4.MessageTypeAck)},
 		serverID:  enc(dhcpv4.OptServerIdentifier(serverID)),
-		mask:      enc(dhcpv4.OptSubnetMask(net.CIDRMask(cfg.Subnet.Bits(), 32))),
-		leaseTime: enc(dhcpv4.OptIPAddressLeaseTime(cfg.LeaseTime)),
-		renew:     enc(dhcpv4.OptRenewTimeValue(cfg.LeaseTime / 2)),
-		rebind:    enc(dhcpv4.OptRebindingTimeValue(cfg.LeaseTime * 7 / 8)),
+		mask:      enc(dhcpv4.OptSubnetMask(net.CIDRMask(n.Subnet.Bits(), 32))),
+		leaseTime: enc(dhcpv4.OptIPAddressLeaseTime(leaseTime)),
+		renew:     enc(dhcpv4.OptRenewTimeValue(leaseTime / 2)),
+		rebind:    enc(dhcpv4.OptRebindingTimeValue(leaseTime * 7 / 8)),
 	}
-	if len(cfg.Routers) > 0 {
-		n.routers = enc(dhcpv4.OptRouter(ips(cfg.Routers)...))
+	if len(n.Routers) > 0 {
+		o.routers = enc(dhcpv4.OptRouter(ips(n.Routers)...))
 	}
-	if len(cfg.DNS) > 0 {
-		n.dns = enc(dhcpv4.OptDNS(ips(cfg.DNS)...))
+	if len(n.DNS) > 0 {
+		o.dns = enc(dhcpv4.OptDNS(ips(n.DNS)...))
 	}
-	return n
+	return o
 }
 
 // NewFull checks cfg and returns a Full.
@@ -84,16 +103,47 @@ func NewFull(cfg FullConfig) (*Full, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.Subnet.IsValid() || !cfg.Subnet.Addr().Is4() {
-		return nil, fmt.Errorf("subnet %v: need the IPv4 network the pool belongs to", cfg.Subnet)
-	}
-	if cfg.Leases == nil {
-		return nil, errors.New("full mode needs a lease store")
-	}
 	if cfg.LeaseTime < time.Minute {
 		return nil, fmt.Errorf("lease time %v: at least a minute", cfg.LeaseTime)
 	}
-	return &Full{cfg: cfg, proxy: proxy, opts: newNetworkOptions(proxy.serverIP(), cfg)}, nil
+	nets := cfg.Networks
+	if cfg.Leases != nil {
+		nets = append([]Network{{Subnet: cfg.Subnet, Routers: cfg.Routers, DNS: cfg.DNS, Leases: cfg.Leases}}, nets...)
+	}
+	if len(nets) == 0 {
+		return nil, errors.New("full mode needs an address pool")
+	}
+	f := &Full{cfg: cfg, proxy: proxy}
+	for i, n := range nets {
+		if !n.Subnet.IsValid() || !n.Subnet.Addr().Is4() {
+			return nil, fmt.Errorf("subnet %v: need the IPv4 network the pool belongs to", n.Subnet)
+		}
+		if n.Leases == nil {
+			return nil, fmt.Errorf("network %s has no lease store", n.Subnet)
+		}
+		for _, m := range nets[:i] {
+			if m.Subnet.Overlaps(n.Subnet) {
+				return nil, fmt.Errorf("networks %s and %s overlap: each address must belong to one pool", m.Subnet, n.Subnet)
+			}
+		}
+		f.nets = append(f.nets, &fullNetwork{Network: n, opts: newNetworkOptions(proxy.serverIP(), n, cfg.LeaseTime)})
+	}
+	return f, nil
+}
+
+// network is the network a request is for: the one a relay's giaddr is
+// in; without a relay, the server's own link. Nil: none served here.
+func (f *Full) network(req *dhcpv4.DHCPv4) *fullNetwork {
+	at := addrOf(req.GatewayIPAddr)
+	if !at.IsValid() {
+		at = f.cfg.Boot.ServerIP
+	}
+	for _, n := range f.nets {
+		if n.Subnet.Contains(at) {
+			return n
+		}
+	}
+	return nil
 }
 
 // Outcomes only full mode has.
@@ -108,9 +158,9 @@ const (
 // Reply computes the answer to req received on port. Lease changes are
 // durable before Reply returns a DHCPACK.
 func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, error) {
-	d, err := f.Decide(req, port)
+	d, n, err := f.decide(req, port)
 	if err == nil && d.Commit != 0 {
-		if err := f.cfg.Leases.Sync(d.Commit); err != nil {
+		if err := n.Leases.Sync(d.Commit); err != nil {
 			// Could not make the lease durable: say nothing rather than
 			// ACK something a restart would forget.
 			return nil, Rejected, fmt.Errorf("%s from %s: %w", req.MessageType(), req.ClientHWAddr, err)
@@ -124,28 +174,37 @@ func (f *Full) Reply(req *dhcpv4.DHCPv4, port int) (*dhcpv4.DHCPv4, Outcome, err
 // Leases.Sync(d.Commit), which lets a server answer a batch of requests
 // with one journal write and one fdatasync.
 func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
+	d, _, err := f.decide(req, port)
+	return d, err
+}
+
+// decide is Decide, also naming the network whose leases d.Commit is a
+// position of (nil if none).
+func (f *Full) decide(req *dhcpv4.DHCPv4, port int) (Decision, *fullNetwork, error) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return Decision{Outcome: IgnoredType, RequestType: messageType(req)}, nil
+		return Decision{Outcome: IgnoredType, RequestType: messageType(req)}, nil, nil
 	}
 	client, classifyErr := Classify(req)
 	if port == PortPXE {
-		return f.proxy.decide(req, port, client, classifyErr)
+		d, err := f.proxy.decide(req, port, client, classifyErr)
+		return d, nil, err
 	}
 	d := Decision{RequestType: messageType(req), Client: client, Netboot: classifyErr == nil}
 	d.Outcome = IgnoredType
 	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
-		return d, nil
+		return d, nil, nil
 	}
-	// Answer only for the network the pool is on: a relay's giaddr names
-	// the client's network; without a relay it is the server's own link.
-	d.Outcome = IgnoredOtherNetwork
-	if relay := addrOf(req.GatewayIPAddr); relay.IsValid() {
-		if !f.cfg.Subnet.Contains(relay) {
-			return d, nil
-		}
-	} else if !f.cfg.Subnet.Contains(f.cfg.Boot.ServerIP) {
-		return d, nil
+	n := f.network(req)
+	if n == nil {
+		d.Outcome = IgnoredOtherNetwork
+		return d, nil, nil
 	}
+	d, err := f.decideOn(n, req, d)
+	return d, n, err
+}
+
+// decideOn answers a request for network n.
+func (f *Full) decideOn(n *fullNetwork, req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
 	mac := req.ClientHWAddr
 	if f.cfg.AllowAddress == nil || !f.cfg.AllowAddress(mac) {
 		d.Outcome = IgnoredUnknown
@@ -153,21 +212,21 @@ func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 	}
 	switch d.RequestType {
 	case dhcpv4.MessageTypeDiscover:
-		ip, err := f.cfg.Leases.Offer(mac.String(), optAddr(req, dhcpv4.OptionRequestedIPAddress))
+		ip, err := n.Leases.Offer(mac.String(), optAddr(req, dhcpv4.OptionRequestedIPAddress))
 		if err != nil {
 			d.Outcome = Rejected
-			return d, fmt.Errorf("offer to %s: %w", mac, err)
+			return d, fmt.Errorf("offer to %s on %s: %w", mac, n.Subnet, err)
 		}
-		return f.answer(req, d, dhcpv4.MessageTypeOffer, ip, Offered)
+		return f.answer(n, req, d, dhcpv4.MessageTypeOffer, ip, Offered)
 	case dhcpv4.MessageTypeRequest:
-		return f.request(req, d)
+		return f.request(n, req, d)
 	case dhcpv4.MessageTypeDecline:
 		ip := optAddr(req, dhcpv4.OptionRequestedIPAddress)
 		if !f.ours(req) || !ip.IsValid() {
 			d.Outcome = IgnoredOtherHost
 			return d, nil
 		}
-		d.Outcome, d.Commit = Declined, f.cfg.Leases.DeclineBuffered(mac.String(), ip)
+		d.Outcome, d.Commit = Declined, n.Leases.DeclineBuffered(mac.String(), ip)
 		return d, nil
 	case dhcpv4.MessageTypeRelease:
 		ip := addrOf(req.ClientIPAddr)
@@ -175,11 +234,11 @@ func (f *Full) Decide(req *dhcpv4.DHCPv4, port int) (Decision, error) {
 			d.Outcome = IgnoredOtherHost
 			return d, nil
 		}
-		d.Outcome, d.Commit = Released, f.cfg.Leases.ReleaseBuffered(mac.String(), ip)
+		d.Outcome, d.Commit = Released, n.Leases.ReleaseBuffered(mac.String(), ip)
 		return d, nil
 	case dhcpv4.MessageTypeInform:
 		// Configuration only: the client has its address already.
-		return f.answer(req, d, dhcpv4.MessageTypeAck, netip.Addr{}, Informed)
+		return f.answer(n, req, d, dhcpv4.MessageTypeAck, netip.Addr{}, Informed)
 	default:
 		return d, nil
 	}
@@ -192,7 +251,7 @@ func (f *Full) ours(req *dhcpv4.DHCPv4) bool {
 }
 
 // request handles the three kinds of DHCPREQUEST (RFC 2131 4.3.2).
-func (f *Full) request(req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
+func (f *Full) request(n *fullNetwork, req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
 	requested := optAddr(req, dhcpv4.OptionRequestedIPAddress)
 	var want netip.Addr
 	switch {
@@ -211,10 +270,10 @@ func (f *Full) request(req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
 		d.Outcome = Rejected
 		return d, fmt.Errorf("request from %s names no address", req.ClientHWAddr)
 	}
-	if !f.cfg.Subnet.Contains(want) {
+	if !n.Subnet.Contains(want) {
 		return f.nak(req, d, fmt.Sprintf("%s is not on this network", want))
 	}
-	l, seq, err := f.cfg.Leases.GrantBuffered(req.ClientHWAddr.String(), want, f.cfg.LeaseTime)
+	l, seq, err := n.Leases.GrantBuffered(req.ClientHWAddr.String(), want, f.cfg.LeaseTime)
 	switch {
 	case errors.Is(err, lease.ErrTaken), errors.Is(err, lease.ErrOutOfPool):
 		return f.nak(req, d, err.Error())
@@ -223,7 +282,7 @@ func (f *Full) request(req *dhcpv4.DHCPv4, d Decision) (Decision, error) {
 		return d, fmt.Errorf("grant %s to %s: %w", want, req.ClientHWAddr, err)
 	}
 	d.Commit = seq
-	return f.answer(req, d, dhcpv4.MessageTypeAck, l.IP, Acked)
+	return f.answer(n, req, d, dhcpv4.MessageTypeAck, l.IP, Acked)
 }
 
 func (f *Full) nak(req *dhcpv4.DHCPv4, d Decision, why string) (Decision, error) {
@@ -241,9 +300,9 @@ func (f *Full) nak(req *dhcpv4.DHCPv4, d Decision, why string) (Decision, error)
 
 // answer builds an OFFER or ACK for ip (zero for INFORM) with the network
 // options and, for allowed netboot clients, the boot information.
-func (f *Full) answer(req *dhcpv4.DHCPv4, d Decision, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (Decision, error) {
+func (f *Full) answer(on *fullNetwork, req *dhcpv4.DHCPv4, d Decision, mt dhcpv4.MessageType, ip netip.Addr, outcome Outcome) (Decision, error) {
 	reply := newReply(req)
-	o, n := reply.Options, &f.opts
+	o, n := reply.Options, &on.opts
 	o[dhcpv4.OptionDHCPMessageType.Code()] = n.ack
 	if mt == dhcpv4.MessageTypeOffer {
 		o[dhcpv4.OptionDHCPMessageType.Code()] = n.offer

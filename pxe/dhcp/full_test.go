@@ -271,16 +271,121 @@ func TestFullNetworks(t *testing.T) {
 // the relay at relayIP (10.9.0.1).
 func remoteFull(t *testing.T) *Full {
 	t.Helper()
-	f, _ := newFull(t, "10.8.0.100-10.8.0.110")
 	p, _ := lease.ParsePool("10.9.0.100-10.9.0.110")
 	store, err := lease.Open(t.TempDir(), p, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	f.cfg.Subnet = netip.MustParsePrefix("10.9.0.0/24")
-	f.cfg.Leases = store
+	f, err := NewFull(FullConfig{Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true },
+		Subnet: netip.MustParsePrefix("10.9.0.0/24"), Leases: store, LeaseTime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return f
+}
+
+// multiFull serves three networks from one store: the server's own link
+// 10.8.0.0/24 and, behind relays, 10.9.0.0/24 (reserving 10.9.0.50 for
+// knownMAC) and 10.10.0.0/16.
+func multiFull(t *testing.T) (*Full, *lease.Store) {
+	t.Helper()
+	pool := func(s string) lease.Pool { p, _ := lease.ParsePool(s); return p }
+	nets := []lease.Network{
+		{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Pool: pool("10.8.0.100-10.8.0.110")},
+		{Subnet: netip.MustParsePrefix("10.9.0.0/24"), Pool: pool("10.9.0.100-10.9.0.110"),
+			Reservations: map[string]netip.Addr{knownMAC.String(): netip.MustParseAddr("10.9.0.50")}},
+		{Subnet: netip.MustParsePrefix("10.10.0.0/16"), Pool: pool("10.10.7.1-10.10.7.9")},
+	}
+	store, err := lease.OpenNetworks(t.TempDir(), nets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	cfg := FullConfig{Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true }, LeaseTime: time.Hour}
+	for i, n := range nets {
+		cfg.Networks = append(cfg.Networks, Network{Subnet: n.Subnet, Leases: store.Network(i),
+			Routers: []netip.Addr{n.Subnet.Addr().Next()}})
+	}
+	f, err := NewFull(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, store
+}
+
+// With several pools, a relayed request is answered from the pool of the
+// relay's network, a local one from the pool of the server's link, and a
+// relay from anywhere else is ignored.
+func TestFullPools(t *testing.T) {
+	relay := func(a, b, c, d byte) dhcpv4.Modifier { return dhcpv4.WithRelay(net.IPv4(a, b, c, d)) }
+	tests := []struct {
+		name       string
+		mt         dhcpv4.MessageType
+		mac        net.HardwareAddr
+		mods       []dhcpv4.Modifier
+		want       Outcome
+		wantYI     string
+		wantMask   string
+		wantRouter string
+	}{
+		{"local", dhcpv4.MessageTypeDiscover, ordinaryMAC, nil, Offered, "10.8.0.100", "ffffff00", "10.8.0.1"},
+		{"relay on the second network", dhcpv4.MessageTypeDiscover, ordinaryMAC, []dhcpv4.Modifier{relay(10, 9, 0, 1)}, Offered, "10.9.0.100", "ffffff00", "10.9.0.1"},
+		{"relay on the third network", dhcpv4.MessageTypeDiscover, ordinaryMAC, []dhcpv4.Modifier{relay(10, 10, 200, 1)}, Offered, "10.10.7.1", "ffff0000", "10.10.0.1"},
+		{"relay from an unknown network", dhcpv4.MessageTypeDiscover, ordinaryMAC, []dhcpv4.Modifier{relay(192, 168, 7, 1)}, IgnoredOtherNetwork, "", "", ""},
+		{"reservation on its network", dhcpv4.MessageTypeDiscover, knownMAC, []dhcpv4.Modifier{relay(10, 9, 0, 1)}, Offered, "10.9.0.50", "ffffff00", "10.9.0.1"},
+		{"reservation elsewhere does not count", dhcpv4.MessageTypeDiscover, knownMAC, nil, Offered, "10.8.0.100", "ffffff00", "10.8.0.1"},
+		{"request for another network's address", dhcpv4.MessageTypeRequest, ordinaryMAC, []dhcpv4.Modifier{relay(10, 9, 0, 1), requested("10.8.0.105")}, Nacked, "", "", ""},
+		{"request for its network's address", dhcpv4.MessageTypeRequest, ordinaryMAC, []dhcpv4.Modifier{relay(10, 10, 0, 9), requested("10.10.7.5")}, Acked, "10.10.7.5", "ffff0000", "10.10.0.1"},
+		{"request for the pool of the link, relayed from elsewhere", dhcpv4.MessageTypeRequest, ordinaryMAC, []dhcpv4.Modifier{relay(10, 10, 0, 9), requested("10.8.0.105")}, Nacked, "", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := multiFull(t)
+			r, o, err := reply(t, f, tc.mt, tc.mac, tc.mods...)
+			if err != nil || o != tc.want {
+				t.Fatalf("outcome %s %v, want %s", o, err, tc.want)
+			}
+			if tc.wantYI == "" {
+				return
+			}
+			if r.YourIPAddr.String() != tc.wantYI || r.SubnetMask().String() != tc.wantMask || r.Router()[0].String() != tc.wantRouter {
+				t.Errorf("yiaddr %v mask %v router %v, want %s %s %s", r.YourIPAddr, r.SubnetMask(), r.Router(), tc.wantYI, tc.wantMask, tc.wantRouter)
+			}
+		})
+	}
+}
+
+// One client, three networks: a lease on each, in one journal.
+func TestFullPoolsLeasesPerNetwork(t *testing.T) {
+	f, store := multiFull(t)
+	for _, gi := range []net.IP{nil, net.IPv4(10, 9, 0, 1), net.IPv4(10, 10, 0, 1)} {
+		var mods []dhcpv4.Modifier
+		if gi != nil {
+			mods = append(mods, dhcpv4.WithRelay(gi))
+		}
+		offer, _, err := reply(t, f, dhcpv4.MessageTypeDiscover, ordinaryMAC, mods...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, o, err := reply(t, f, dhcpv4.MessageTypeRequest, ordinaryMAC, append(mods, server, requested(offer.YourIPAddr.String()))...); o != Acked {
+			t.Fatalf("via %v: %s %v", gi, o, err)
+		}
+	}
+	if got := len(store.Leases()); got != 3 {
+		t.Errorf("%d leases, want one per network", got)
+	}
+}
+
+func TestNewFullRefusesOverlappingNetworks(t *testing.T) {
+	store, _ := newFull(t, "10.8.0.100-10.8.0.110")
+	_, err := NewFull(FullConfig{Boot: testConfig(), LeaseTime: time.Hour, Networks: []Network{
+		{Subnet: netip.MustParsePrefix("10.8.0.0/16"), Leases: store.cfg.Leases},
+		{Subnet: netip.MustParsePrefix("10.8.5.0/24"), Leases: store.cfg.Leases},
+	}})
+	if err == nil || !strings.Contains(err.Error(), "overlap") {
+		t.Errorf("overlapping networks: %v", err)
+	}
 }
 
 // RFC 6842: a reply carries the client identifier the request had.
