@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
+
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/syncbuf"
@@ -20,6 +23,73 @@ import (
 // ISC's dhcrelay adding option 82: client -- relay -- server, three
 // namespaces, two veth pairs.
 func TestFullModeThroughRelay(t *testing.T) {
+	r, relay := newRelayRig(t)
+	r.start(t, "--mode", "full", "--subnet", "10.80.1.0/24", "--range", "10.80.1.100-10.80.1.150",
+		"--gateway", "10.80.1.1", "--allow-unknown")
+	relayLog := runRelay(t, relay)
+
+	ack := leaseThroughRelay(t, r, mac(7), relayLog)
+	if !strings.HasPrefix(ack.YourIPAddr.String(), "10.80.1.1") || ack.YourIPAddr.String() == "10.80.1.1" {
+		t.Errorf("lease %s is not from the relayed network's pool", ack.YourIPAddr)
+	}
+	if rt := ack.Router(); len(rt) != 1 || rt[0].String() != "10.80.1.1" {
+		t.Errorf("router %v, want the relay's 10.80.1.1", rt)
+	}
+	logs := r.stderr.String()
+	if !hasLine(logs, `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1", "option82=true", "to=10.80.1.1:67") {
+		t.Errorf("the ACK did not go back to the relay with option 82:\n%s", logs)
+	}
+}
+
+// TestFullModePools serves the server's own link and two networks behind
+// relays, each from its own pool: a client behind the relay gets its
+// reservation there (and the network's router), a client on the server's
+// link an address of the local pool.
+func TestFullModePools(t *testing.T) {
+	r, relay := newRelayRig(t)
+	r.start(t, "--mode", "full", "--range", "10.77.0.100-10.77.0.150", "--gateway", serverAddr,
+		"--pool", "10.80.1.0/24,10.80.1.100-10.80.1.150,gateway=10.80.1.1,dns=10.77.0.1",
+		"--pool", "10.80.2.0/24,10.80.2.100-10.80.2.150,gateway=10.80.2.1",
+		"--reserve", mac(7).String()+"=10.80.1.77", "--reserve", mac(8).String()+"=10.77.0.88",
+		"--allow-unknown")
+	relayLog := runRelay(t, relay)
+
+	ack := leaseThroughRelay(t, r, mac(7), relayLog)
+	if ack.YourIPAddr.String() != "10.80.1.77" || len(ack.Router()) != 1 || ack.Router()[0].String() != "10.80.1.1" ||
+		len(ack.DNS()) != 1 || ack.DNS()[0].String() != "10.77.0.1" {
+		t.Errorf("relayed client: %s, want its reservation 10.80.1.77, router 10.80.1.1, DNS 10.77.0.1", ack.Summary())
+	}
+	if ack := leaseThroughRelay(t, r, mac(9), relayLog); !strings.HasPrefix(ack.YourIPAddr.String(), "10.80.1.1") {
+		t.Errorf("second relayed client got %s, want one of 10.80.1.100-150", ack.YourIPAddr)
+	}
+
+	// A client on the server's link: the relay's uplink, seen from the
+	// relay's namespace.
+	var c *nclient4.Client
+	if err := relay.Do(func() error {
+		var err error
+		c, err = nclient4.New("up0", nclient4.WithHWAddr(mac(8)), nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(2))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.Request(ctx)
+	if err != nil {
+		t.Fatalf("local client: %v\n%s", err, r.stderr)
+	}
+	if l.ACK.YourIPAddr.String() != "10.77.0.88" || l.ACK.Router()[0].String() != serverAddr {
+		t.Errorf("local client: %s, want its reservation 10.77.0.88 with router %s", l.ACK.Summary(), serverAddr)
+	}
+}
+
+// newRelayRig is newRig with a relay namespace between the server and the
+// client: the server's link 10.77.0.0/24 (relay at 10.77.0.2) and the
+// client's network 10.80.1.0/24 (relay at 10.80.1.1).
+func newRelayRig(t *testing.T) (*rig, *netnstest.NS) {
+	t.Helper()
 	if _, err := exec.LookPath("dhcrelay"); err != nil {
 		prereq.Missing(t, "dhcrelay (Debian isc-dhcp-relay) is not installed")
 	}
@@ -32,13 +102,15 @@ func TestFullModeThroughRelay(t *testing.T) {
 	relay.IP(t, "link", "set", "up0", "up")
 	netnstest.Veth(t, relay, "down0", "10.80.1.1/24", r.cli, "eth0", "")
 	r.srv.IP(t, "route", "add", "10.80.1.0/24", "via", "10.77.0.2")
+	return r, relay
+}
 
-	r.start(t, "--mode", "full", "--subnet", "10.80.1.0/24", "--range", "10.80.1.100-10.80.1.150",
-		"--gateway", "10.80.1.1", "--allow-unknown")
-
+// runRelay starts ISC dhcrelay (adding option 82) in the relay namespace,
+// stopped at the end of the test.
+func runRelay(t *testing.T, relay *netnstest.NS) *syncbuf.Buffer {
+	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	dhcrelay := relay.Command(ctx, "dhcrelay", "-4", "-d", "-a", "-pf", filepath.Join(dir, "dhcrelay.pid"),
 		"-iu", "up0", "-id", "down0", serverAddr)
 	var relayLog syncbuf.Buffer
@@ -46,29 +118,22 @@ func TestFullModeThroughRelay(t *testing.T) {
 	if err := dhcrelay.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cancel(); _ = dhcrelay.Wait() }()
+	t.Cleanup(func() { cancel(); _ = dhcrelay.Wait() })
+	return &relayLog
+}
 
-	var ack net.IP
+// leaseThroughRelay runs a DORA from the client namespace, retrying while
+// dhcrelay may still be opening its sockets.
+func leaseThroughRelay(t *testing.T, r *rig, hw net.HardwareAddr, relayLog *syncbuf.Buffer) *dhcpv4.DHCPv4 {
+	t.Helper()
 	var lastErr error
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-		l, err := r.lease(t, mac(7))
+		l, err := r.lease(t, hw)
 		if err == nil {
-			ack = l.ACK.YourIPAddr
-			if rt := l.ACK.Router(); len(rt) != 1 || rt[0].String() != "10.80.1.1" {
-				t.Errorf("router %v, want the relay's 10.80.1.1", rt)
-			}
-			break
+			return l.ACK
 		}
-		lastErr = err // dhcrelay may still be opening its sockets
+		lastErr = err
 	}
-	if ack == nil {
-		t.Fatalf("no lease through the relay: %v\nrelay:\n%s\nserver:\n%s", lastErr, relayLog.String(), r.stderr)
-	}
-	if !strings.HasPrefix(ack.String(), "10.80.1.1") || ack.String() == "10.80.1.1" {
-		t.Errorf("lease %s is not from the relayed network's pool", ack)
-	}
-	logs := r.stderr.String()
-	if !hasLine(logs, `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1", "option82=true", "to=10.80.1.1:67") {
-		t.Errorf("the ACK did not go back to the relay with option 82:\n%s", logs)
-	}
+	t.Fatalf("no lease through the relay: %v\nrelay:\n%s\nserver:\n%s", lastErr, relayLog.String(), r.stderr)
+	return nil
 }

@@ -66,16 +66,20 @@ type Config struct {
 	// Mode is "proxy" (default: hand out no addresses, run beside the
 	// network's DHCP server) or "full" (be the network's DHCP server).
 	Mode string
-	// Full mode: the address pool, the network (default: the interface's),
-	// router and DNS servers to announce, lease time, reservations, and
-	// where leases are kept.
+	// Full mode: an address pool, its network (default: the interface's),
+	// the router and DNS servers to announce there; more pools on other
+	// networks; the lease time, reservations (each on the network its
+	// address is in), and where leases are kept.
 	Pool         lease.Pool
 	Subnet       netip.Prefix
 	Gateway      netip.Addr
 	DNS          []netip.Addr
+	Networks     []Network
 	LeaseTime    time.Duration
 	Reservations map[string]netip.Addr
 	StateDir     string
+	// networks is every pool: Pool (with Subnet, Gateway, DNS) first.
+	networks []Network
 
 	// Talos marks the kernel as Talos Linux: the command line gets
 	// talos.platform=metal and the default kernel arguments of the pinned
@@ -96,6 +100,18 @@ type Config struct {
 
 	Log *slog.Logger
 }
+
+// Network is a pool of addresses on one network, in full mode: the
+// server's own link, or a network behind a DHCP relay agent (whose giaddr
+// is in Subnet).
+type Network struct {
+	Subnet  netip.Prefix
+	Pool    lease.Pool
+	Gateway netip.Addr
+	DNS     []netip.Addr
+}
+
+func (n Network) String() string { return n.Subnet.String() + " " + n.Pool.String() }
 
 func (c *Config) setDefaults() error {
 	if c.Log == nil {
@@ -156,13 +172,16 @@ func (c *Config) setDefaults() error {
 	switch c.Mode {
 	case "proxy":
 	case "full":
-		if !c.Pool.First.IsValid() {
-			return errors.New("full mode needs an address pool (--range FROM-TO)")
+		if !c.Pool.First.IsValid() && len(c.Networks) == 0 {
+			return errors.New("full mode needs an address pool (--range FROM-TO, or --pool SUBNET,FROM-TO)")
+		}
+		if !c.Pool.First.IsValid() && (c.Subnet.IsValid() || c.Gateway.IsValid() || len(c.DNS) > 0) {
+			return errors.New("a subnet, gateway or DNS server without a range (--range): give each pool its own (--pool SUBNET,FROM-TO,gateway=IP,dns=IP)")
 		}
 	default:
 		return fmt.Errorf("mode %q: use proxy or full", c.Mode)
 	}
-	if !c.ServerIP.IsValid() || (c.Mode == "full" && !c.Subnet.IsValid()) {
+	if !c.ServerIP.IsValid() || (c.Mode == "full" && c.Pool.First.IsValid() && !c.Subnet.IsValid()) {
 		prefix, err := interfaceIPv4(c.Interface)
 		if err != nil {
 			return err
@@ -170,14 +189,63 @@ func (c *Config) setDefaults() error {
 		if !c.ServerIP.IsValid() {
 			c.ServerIP = prefix.Addr()
 		}
-		if !c.Subnet.IsValid() {
+		if !c.Subnet.IsValid() && c.Pool.First.IsValid() {
 			c.Subnet = prefix.Masked()
 		}
 	}
-	if c.Mode == "full" && (!c.Subnet.Contains(c.Pool.First) || !c.Subnet.Contains(c.Pool.Last)) {
-		return fmt.Errorf("range %s is not inside the boot network %s", c.Pool, c.Subnet)
+	if c.Mode == "full" {
+		return c.resolveNetworks()
 	}
 	return nil
+}
+
+// resolveNetworks lists every pool and checks that each lies in its
+// network, that no two networks overlap, and that every reservation is on
+// one of them.
+func (c *Config) resolveNetworks() error {
+	c.networks = nil
+	if c.Pool.First.IsValid() {
+		c.networks = append(c.networks, Network{Subnet: c.Subnet, Pool: c.Pool, Gateway: c.Gateway, DNS: c.DNS})
+	}
+	c.networks = append(c.networks, c.Networks...)
+	for i := range c.networks {
+		n := &c.networks[i]
+		if !n.Subnet.IsValid() || !n.Subnet.Addr().Is4() {
+			return fmt.Errorf("pool %s: its network %v is not an IPv4 network such as 10.8.1.0/24", n.Pool, n.Subnet)
+		}
+		n.Subnet = n.Subnet.Masked()
+		if !n.Subnet.Contains(n.Pool.First) || !n.Subnet.Contains(n.Pool.Last) {
+			return fmt.Errorf("range %s is not inside its network %s", n.Pool, n.Subnet)
+		}
+		for _, m := range c.networks[:i] {
+			if m.Subnet.Overlaps(n.Subnet) {
+				return fmt.Errorf("pools on %s and %s: the networks overlap, and each address must belong to one pool", m.Subnet, n.Subnet)
+			}
+		}
+	}
+	for mac, ip := range c.Reservations {
+		if c.networkOf(ip) < 0 {
+			return fmt.Errorf("reservation %s=%s is on none of the pools' networks (%s)", mac, ip, c.networkList())
+		}
+	}
+	return nil
+}
+
+func (c *Config) networkOf(ip netip.Addr) int {
+	for i, n := range c.networks {
+		if n.Subnet.Contains(ip) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *Config) networkList() string {
+	var out []string
+	for _, n := range c.networks {
+		out = append(out, n.Subnet.String())
+	}
+	return strings.Join(out, ", ")
 }
 
 // DefaultStateDir keeps the machine inventory, the config-token key and,
@@ -293,19 +361,31 @@ func newServer(cfg Config) (*server, error) {
 		Allow:    func(c dhcp.Client) bool { return s.allowed(c.MAC) },
 	}
 	if cfg.Mode == "full" {
-		if s.leases, err = lease.Open(cfg.StateDir, cfg.Pool, cfg.Reservations, nil); err != nil {
+		nets := make([]lease.Network, len(cfg.networks))
+		for i, n := range cfg.networks {
+			nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
+		}
+		for mac, ip := range cfg.Reservations {
+			n := &nets[cfg.networkOf(ip)]
+			if n.Reservations == nil {
+				n.Reservations = map[string]netip.Addr{}
+			}
+			n.Reservations[mac] = ip
+		}
+		if s.leases, err = lease.OpenNetworks(cfg.StateDir, nets, nil); err != nil {
 			return nil, err
 		}
 		full := dhcp.FullConfig{
 			Boot:         bootCfg,
 			AllowAddress: s.allowed,
-			Leases:       s.leases,
-			Subnet:       cfg.Subnet,
-			DNS:          cfg.DNS,
 			LeaseTime:    cfg.LeaseTime,
 		}
-		if cfg.Gateway.IsValid() {
-			full.Routers = []netip.Addr{cfg.Gateway}
+		for i, n := range cfg.networks {
+			dn := dhcp.Network{Subnet: n.Subnet, DNS: n.DNS, Leases: s.leases.Network(i)}
+			if n.Gateway.IsValid() {
+				dn.Routers = []netip.Addr{n.Gateway}
+			}
+			full.Networks = append(full.Networks, dn)
 		}
 		if s.responder, err = dhcp.NewFull(full); err != nil {
 			s.close()
@@ -479,8 +559,12 @@ func (s *server) run(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 
-	log.Info("netboot server up", "interface", cfg.Interface, "ip", cfg.ServerIP, "http", s.base,
-		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs))
+	attrs := []any{"interface", cfg.Interface, "ip", cfg.ServerIP, "http", s.base,
+		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs)}
+	for i, n := range cfg.networks {
+		attrs = append(attrs, fmt.Sprintf("pool%d", i), n.String())
+	}
+	log.Info("netboot server up", attrs...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -94,6 +94,7 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		reserve   []string
 		configs   []string
 		subnet    string
+		pools     []string
 		rackFile  string
 	)
 	cmd := &cobra.Command{
@@ -105,7 +106,9 @@ PXE clients, BIOS and UEFI, through iPXE into a kernel and initramfs.
 Proxy mode (the default) hands out no addresses: it runs beside the
 network's DHCP server and only adds boot information. Full mode makes this
 server the network's DHCP server: addresses from --range, leases kept in
---state-dir and never lost to a crash. Only the machines listed with
+--state-dir and never lost to a crash. More networks, behind DHCP relay
+agents, get pools of their own with --pool: a relayed request is answered
+from the pool of the network its relay (giaddr) is on. Only the machines listed with
 --allow-mac are answered, unless --allow-unknown is given (in full mode:
 every DHCP client on the interface gets an address).`,
 		Example: `  # Beside an existing DHCP server:
@@ -114,7 +117,13 @@ every DHCP client on the interface gets an address).`,
 
   # As the provisioning network's DHCP server:
   cozyctl pxe serve --interface br0 --mode full --range 10.8.0.100-10.8.0.199 \
-    --gateway 10.8.0.1 --dns 10.8.0.1 --kernel vmlinuz --initrd initramfs.xz --allow-unknown`,
+    --gateway 10.8.0.1 --dns 10.8.0.1 --kernel vmlinuz --initrd initramfs.xz --allow-unknown
+
+  # ... and of two racks behind relays:
+  cozyctl pxe serve --interface br0 --mode full --range 10.8.0.100-10.8.0.199 --gateway 10.8.0.1 \
+    --pool 10.80.1.0/24,10.80.1.100-10.80.1.199,gateway=10.80.1.1,dns=10.8.0.1 \
+    --pool 10.80.2.0/24,10.80.2.100-10.80.2.199,gateway=10.80.2.1,dns=10.8.0.1 \
+    --kernel vmlinuz --initrd initramfs.xz --allow-unknown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rackFile != "" {
@@ -128,8 +137,18 @@ every DHCP client on the interface gets an address).`,
 			if cfg.Mode != "proxy" && cfg.Mode != "full" {
 				return fmt.Errorf("--mode %q: use proxy or full", cfg.Mode)
 			}
-			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0 || subnet != "") && cfg.Mode != "full" {
-				return errors.New("--range, --subnet, --gateway, --dns and --reserve configure full mode: add --mode full")
+			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0 || subnet != "" || len(pools) > 0) && cfg.Mode != "full" {
+				return errors.New("--range, --subnet, --gateway, --dns, --pool and --reserve configure full mode: add --mode full")
+			}
+			if poolRange == "" && (gateway != "" || len(dns) > 0 || subnet != "") && len(pools) > 0 {
+				return errors.New("--subnet, --gateway and --dns describe the --range pool; give each --pool its own: --pool SUBNET,FROM-TO,gateway=IP,dns=IP")
+			}
+			for _, p := range pools {
+				n, err := parsePoolFlag(p)
+				if err != nil {
+					return err
+				}
+				cfg.Networks = append(cfg.Networks, n)
 			}
 			if subnet != "" {
 				p, err := netip.ParsePrefix(subnet)
@@ -208,6 +227,7 @@ every DHCP client on the interface gets an address).`,
 	f.StringVar(&poolRange, "range", "", "full mode: address pool FROM-TO")
 	f.StringVar(&subnet, "subnet", "", "full mode: the pool's network (default: the interface's); another network is served through its DHCP relay only")
 	f.StringVar(&gateway, "gateway", "", "full mode: router to announce")
+	f.StringArrayVar(&pools, "pool", nil, "full mode: one more pool, on its own network (behind a DHCP relay, or the interface's if --range is not given): SUBNET,FROM-TO[,gateway=IP][,dns=IP...] (repeatable)")
 	f.StringArrayVar(&dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
 	f.DurationVar(&cfg.LeaseTime, "lease-time", time.Hour, "full mode: lease time")
 	f.StringArrayVar(&reserve, "reserve", nil, "full mode: fixed address MAC=IP (repeatable)")
@@ -285,6 +305,42 @@ func checkRackBoot(r *rack.Rack, cfg pxe.Config, alternative string) error {
 		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd%s; download them from\n  %s\n  %s", alternative, kernel, initrd)
 	}
 	return nil
+}
+
+// parsePoolFlag reads --pool SUBNET,FROM-TO[,gateway=IP][,dns=IP...].
+func parsePoolFlag(s string) (pxe.Network, error) {
+	bad := func(why string) (pxe.Network, error) {
+		return pxe.Network{}, fmt.Errorf("--pool %q: %s; want SUBNET,FROM-TO[,gateway=IP][,dns=IP...], e.g. 10.80.1.0/24,10.80.1.100-10.80.1.199,gateway=10.80.1.1", s, why)
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) < 2 {
+		return bad("no range")
+	}
+	var n pxe.Network
+	subnet, err := netip.ParsePrefix(parts[0])
+	if err != nil || !subnet.Addr().Is4() {
+		return bad(fmt.Sprintf("%q is not an IPv4 network", parts[0]))
+	}
+	n.Subnet = subnet.Masked()
+	if n.Pool, err = lease.ParsePool(parts[1]); err != nil {
+		return bad(err.Error())
+	}
+	for _, kv := range parts[2:] {
+		key, value, _ := strings.Cut(kv, "=")
+		ip, err := netip.ParseAddr(value)
+		if err != nil || !ip.Is4() {
+			return bad(fmt.Sprintf("%q: want %s=IPv4", kv, key))
+		}
+		switch {
+		case key == "gateway" && !n.Gateway.IsValid():
+			n.Gateway = ip
+		case key == "dns":
+			n.DNS = append(n.DNS, ip)
+		default:
+			return bad(fmt.Sprintf("%q: only gateway= (once) and dns= may follow the range", kv))
+		}
+	}
+	return n, nil
 }
 
 func parseIPv4(flag, s string) (netip.Addr, error) {

@@ -54,6 +54,12 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		{[]string{"--mode", "full", "--reserve", "nonsense"}, "want MAC=IP"},
 		{[]string{"--allow-mac", "zz"}, "--allow-mac"},
 		{[]string{"--server-ip", "fd00::1"}, "IPv4"},
+		{[]string{"--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20"}, "add --mode full"},
+		{[]string{"--mode", "full", "--pool", "10.80.1.0/24"}, "no range"},
+		{[]string{"--mode", "full", "--pool", "10.80.1.0,10.80.1.10-10.80.1.20"}, "not an IPv4 network"},
+		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,router=10.80.1.1"}, "only gateway="},
+		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,gateway=x"}, "want gateway=IPv4"},
+		{[]string{"--mode", "full", "--gateway", "10.8.0.1", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20"}, "describe the --range pool"},
 	}
 	for _, tc := range tests {
 		args := append([]string{"pxe", "serve", "--interface", "lo"}, tc.args...)
@@ -61,5 +67,19 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr, tc.wantErr) {
 			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, stderr, tc.wantErr)
 		}
+	}
+}
+
+func TestParsePoolFlag(t *testing.T) {
+	n, err := parsePoolFlag("10.80.1.7/24,10.80.1.100-10.80.1.199,gateway=10.80.1.1,dns=10.8.0.53,dns=10.8.0.54")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Subnet.String() != "10.80.1.0/24" || n.Pool.String() != "10.80.1.100-10.80.1.199" || n.Gateway.String() != "10.80.1.1" ||
+		len(n.DNS) != 2 || n.DNS[1].String() != "10.8.0.54" {
+		t.Errorf("parsed %+v", n)
+	}
+	if _, err := parsePoolFlag("10.80.1.0/24,10.80.1.100-10.80.1.199,gateway=10.80.1.1,gateway=10.80.1.2"); err == nil {
+		t.Error("two gateways accepted")
 	}
 }
