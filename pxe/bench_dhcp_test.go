@@ -3,6 +3,7 @@
 package pxe_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -36,6 +37,18 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 		seconds = 4     // per step
 	)
 	rates := []int{250, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000, 12000}
+	if env := os.Getenv("COZY_BENCH_DHCP_RATES"); env != "" {
+		// Other offered rates, e.g. "6000,8000" to compare servers at
+		// fixed rates.
+		rates = nil
+		for _, f := range strings.Split(env, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil {
+				t.Fatalf("COZY_BENCH_DHCP_RATES=%q: want offered rates such as 6000,8000", env)
+			}
+			rates = append(rates, r)
+		}
+	}
 	servers := []struct {
 		name  string
 		start func(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd
@@ -68,7 +81,11 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 			for _, rate := range rates {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds+30)*time.Second)
 				args := []string{"-4", "-l", "eth0", "-r", strconv.Itoa(rate), "-R", strconv.Itoa(clients), "-p", strconv.Itoa(seconds)}
+				cpu0 := processCPU(cmd.Process.Pid)
+				start := time.Now()
 				out, err := cli.Command(ctx, "perfdhcp", args...).CombinedOutput()
+				cpu := processCPU(cmd.Process.Pid) - cpu0
+				busy := float64(cpu) / float64(time.Since(start))
 				cancel()
 				res, perr := parsePerfdhcp(string(out))
 				if perr != nil {
@@ -76,7 +93,7 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 				}
 				sum.peak = max(sum.peak, res.rate)
 				lossless := res.dropRatio() <= 0.001
-				t.Logf("%-8s offered %6d/s: %8.0f leases/s, %.2f %% dropped", s.name, rate, res.rate, 100*res.dropRatio())
+				t.Logf("%-8s offered %6d/s: %8.0f leases/s, %.2f %% dropped, server busy %3.0f %% of a core", s.name, rate, res.rate, 100*res.dropRatio(), 100*busy)
 				if !lossless {
 					break
 				}
@@ -97,6 +114,23 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 		fmt.Printf("  peak cozy/dnsmasq = %.2f\n", cozy.peak/dnsmasq.peak)
 	}
 	fmt.Println()
+}
+
+// processCPU is the CPU time a process has used (user and system, as
+// /proc/PID/stat counts it, in clock ticks of 10 ms).
+func processCPU(pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses.
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 type perfResult struct {
