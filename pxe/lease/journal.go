@@ -224,12 +224,16 @@ func (s *Store) append(r record) Seq {
 }
 
 // flush writes the pending records to the journal file, not yet durable;
-// s.syncMu must be held.
-func (s *Store) flush() (live int, err error) {
+// s.syncMu must be held. atSwap, if not nil, runs under s.mu at the moment
+// the pending records are taken: it sees the state they end at.
+func (s *Store) flush(atSwap func()) (live int, err error) {
 	s.mu.Lock()
 	data, target := s.pending, s.written
 	s.pending = s.spare[:0]
 	live = len(s.byIP) + len(s.declined)
+	if atSwap != nil {
+		atSwap()
+	}
 	s.mu.Unlock()
 	err = s.journal.append(data)
 	if err == nil && s.compacting {
@@ -254,7 +258,7 @@ func (s *Store) Sync(seq Seq) error {
 	if s.failed != nil {
 		return s.failed
 	}
-	live, err := s.flush()
+	live, err := s.flush(nil)
 	if err == nil {
 		err = s.journal.sync()
 	}
@@ -302,13 +306,13 @@ func (s *Store) Compact() error {
 		s.syncMu.Unlock()
 		return s.failed
 	}
-	s.mu.Lock()
-	snap := s.snapshot()
-	s.mu.Unlock()
 	// The snapshot holds every record appended so far, so they must be in
-	// the old file before the tail starts: flush them (a later Sync makes
-	// them durable, there or, as part of the snapshot, in the new file).
-	if _, err := s.flush(); err != nil {
+	// the old file before the tail starts: flush them, taken at the same
+	// moment as the snapshot (a later Sync makes them durable, there or, as
+	// part of the snapshot, in the new file). Records appended after it
+	// go to the tail.
+	var snap []record
+	if _, err := s.flush(func() { snap = s.snapshot() }); err != nil {
 		s.failed = err
 		s.syncMu.Unlock()
 		return err
