@@ -273,23 +273,7 @@ func TestCrashSafety(t *testing.T) {
 		_ = cmd.Wait()
 		next += 1000
 
-		s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
-		if err != nil {
-			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
-		}
-		seen := map[netip.Addr]string{}
-		for _, l := range s.Leases() {
-			if other, dup := seen[l.IP]; dup {
-				t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
-			}
-			seen[l.IP] = l.MAC
-		}
-		for mac, addr := range granted {
-			l, ok := s.Lookup(mac)
-			if !ok || l.IP.String() != addr {
-				t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
-			}
-		}
+		s := reopenAfterKill(t, round, dir, granted)
 		s.Close()
 	}
 	t.Logf("%d leases survived 8 kill -9s", len(granted))
@@ -624,22 +608,7 @@ func TestCompactionCrashSafety(t *testing.T) {
 		_ = cmd.Wait()
 		next += 10000
 
-		s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
-		if err != nil {
-			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
-		}
-		seen := map[netip.Addr]string{}
-		for _, l := range s.Leases() {
-			if other, dup := seen[l.IP]; dup {
-				t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
-			}
-			seen[l.IP] = l.MAC
-		}
-		for mac, addr := range granted {
-			if l, ok := s.Lookup(mac); !ok || l.IP.String() != addr {
-				t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
-			}
-		}
+		s := reopenAfterKill(t, round, dir, granted)
 		s.Close()
 		entries, _ := os.ReadDir(dir)
 		if len(entries) != 1 {
@@ -750,4 +719,27 @@ func TestLeasesOutsideEveryNetworkKept(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// reopenAfterKill opens the store a killed process left and fails the test
+// if an address is leased twice or a lease the process granted is gone.
+func reopenAfterKill(t *testing.T, round int, dir string, granted map[string]string) *Store {
+	t.Helper()
+	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
+	if err != nil {
+		t.Fatalf("round %d: reopen after kill -9: %v", round, err)
+	}
+	seen := map[netip.Addr]string{}
+	for _, l := range s.Leases() {
+		if other, dup := seen[l.IP]; dup {
+			t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
+		}
+		seen[l.IP] = l.MAC
+	}
+	for mac, addr := range granted {
+		if l, ok := s.Lookup(mac); !ok || l.IP.String() != addr {
+			t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
+		}
+	}
+	return s
 }
