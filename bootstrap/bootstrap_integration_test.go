@@ -8,9 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +23,6 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/insomniacslk/dhcp/iana"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
@@ -237,32 +234,6 @@ func (r *rackRig) start(n *emuNode) {
 	})
 }
 
-// version asks the cluster's API server for /version with the kubeconfig
-// bootstrap wrote, from inside the namespace.
-func (r *rackRig) version(kubeconfig string) (string, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return "", err
-	}
-	rc.Dial = r.ns.DialContext
-	rc.Timeout = 10 * time.Second
-	hc, err := rest.HTTPClientFor(rc)
-	if err != nil {
-		return "", err
-	}
-	resp, err := hc.Get(rc.Host + "/version")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", resp.Status, body)
-	}
-	var v struct{ GitVersion string }
-	return v.GitVersion, json.Unmarshal(body, &v)
-}
-
 func (r *rackRig) failLogs(p *run) {
 	if r.t.Failed() {
 		r.t.Logf("bootstrap stderr:\n%s", tail(p.stderr.String(), 60))
@@ -305,7 +276,7 @@ func TestBootstrapRack(t *testing.T) {
 	if fi, err := os.Stat(kubeconfig); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("kubeconfig: %v", err)
 	}
-	v, err := r.version(kubeconfig)
+	v, err := r.ns.KubeVersion(kubeconfig)
 	if err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Errorf("/version through the cluster endpoint: %q, %v", v, err)
 	}
@@ -371,15 +342,13 @@ func TestBootstrapHA(t *testing.T) {
 	}
 	// Each control plane's kube-apiserver registered itself; the
 	// kubeconfig reaches them through the VIP.
-	kubeconfig := filepath.Join(r.stateDir, bootstrap.KubeconfigFile)
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rc.Host != "https://"+vip+":6443" {
 		t.Errorf("kubeconfig server %s, want the VIP", rc.Host)
 	}
-	rc.Dial = r.ns.DialContext
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -481,7 +450,7 @@ func TestBootstrapCrashResume(t *testing.T) {
 	if got, _ := os.ReadFile(secretsPath); !bytes.Equal(got, secrets) {
 		t.Error("secrets.yaml changed in the final run")
 	}
-	if v, err := r.version(filepath.Join(r.stateDir, bootstrap.KubeconfigFile)); err != nil {
+	if v, err := r.ns.KubeVersion(filepath.Join(r.stateDir, bootstrap.KubeconfigFile)); err != nil {
 		t.Errorf("/version: %q, %v", v, err)
 	}
 	if n := strings.Count(r.nodes[0].log.String(), bootstrapLogLine); n != 1 {

@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +17,6 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -99,7 +95,7 @@ func TestLab(t *testing.T) {
 		}
 	}
 	// The kubeconfig answers /version through the cluster endpoint.
-	if v, err := version(ctx, &c, res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
+	if v, err := (&netnstest.NS{Name: lab.Namespace(c.Name)}).KubeVersion(res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Fatalf("/version: %q, %v", v, err)
 	}
 	platformAccepted(ctx, t, &c, res.Kubeconfig)
@@ -134,12 +130,11 @@ func platformAccepted(ctx context.Context, t *testing.T, c *lab.Config, kubeconf
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := (&netnstest.NS{Name: lab.Namespace(c.Name)}).RESTConfig(kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc.Dial = (&netnstest.NS{Name: lab.Namespace(c.Name)}).DialContext
-	rc.Timeout = time.Minute
+	rc.Timeout = time.Minute          // CRDs are slow to install on one emulated vCPU
 	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client would warn that nobody set one
 	if _, err := envtest.InstallCRDs(rc, envtest.CRDInstallOptions{CRDs: crds, MaxTime: 5 * time.Minute}); err != nil {
 		t.Fatalf("install the Flux CRDs: %v", err)
@@ -289,32 +284,6 @@ func nodeBinary(t *testing.T) string {
 		t.Fatalf("build cozy-talos-node: %v\n%s", err, b)
 	}
 	return out
-}
-
-// version GETs /version with the kubeconfig from inside the lab's namespace.
-func version(ctx context.Context, c *lab.Config, kubeconfig string) (string, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return "", err
-	}
-	rc.Dial = (&netnstest.NS{Name: lab.Namespace(c.Name)}).DialContext
-	rc.Timeout = 10 * time.Second
-	hc, err := rest.HTTPClientFor(rc)
-	if err != nil {
-		return "", err
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, rc.Host+"/version", nil)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", resp.Status, body)
-	}
-	var v struct{ GitVersion string }
-	return v.GitVersion, json.Unmarshal(body, &v)
 }
 
 // keepArtifacts copies the VMs' serial logs and the bootstrap's output to

@@ -16,8 +16,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"cozy.dev/cozy/internal/prereq"
 )
@@ -171,4 +175,34 @@ func run(t testing.TB, name string, args ...string) {
 	if err != nil {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
+}
+
+// RESTConfig is the client config of a kubeconfig, dialing from inside the
+// namespace (where the cluster's endpoint is reachable).
+func (n *NS) RESTConfig(kubeconfig string) (*rest.Config, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.Dial = n.DialContext
+	rc.Timeout = 10 * time.Second
+	return rc, nil
+}
+
+// KubeVersion asks the API server of a kubeconfig for /version from inside
+// the namespace and returns its gitVersion.
+func (n *NS) KubeVersion(kubeconfig string) (string, error) {
+	rc, err := n.RESTConfig(kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(rc)
+	if err != nil {
+		return "", err
+	}
+	v, err := dc.ServerVersion()
+	if err != nil {
+		return "", err
+	}
+	return v.GitVersion, nil
 }

@@ -238,23 +238,7 @@ func TestCrashSafety(t *testing.T) {
 	granted := map[string]string{} // mac -> ip, as reported by the child
 	next := 0
 	for round := range 8 {
-		cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
-		cmd.Env = append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next))
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := make(chan string)
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
+		cmd, lines := startLeaseChild(t, self, dir, next)
 		// Let it grant a few, then kill it without warning.
 		want := 5 + rand.IntN(40)
 		for n := 0; n < want; n++ {
@@ -565,24 +549,7 @@ func TestCompactionCrashSafety(t *testing.T) {
 	granted := map[string]string{}
 	next, compactions := 0, 0
 	for round := range 12 {
-		cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
-		cmd.Env = append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next),
-			"COZY_LEASE_CHILD_COMPACT=1")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := make(chan string)
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
+		cmd, lines := startLeaseChild(t, self, dir, next, "COZY_LEASE_CHILD_COMPACT=1")
 		record := func(line string) {
 			if n, ok := strings.CutPrefix(line, "compacted "); ok {
 				c, _ := strconv.Atoi(n)
@@ -742,4 +709,29 @@ func reopenAfterKill(t *testing.T, round int, dir string, granted map[string]str
 		}
 	}
 	return s
+}
+
+// startLeaseChild runs TestLeaseChild in a child process granting leases
+// in dir from MAC number next, and returns it with the lines it prints
+// (one per durable grant), closed when its output ends.
+func startLeaseChild(t *testing.T, self, dir string, next int, env ...string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
+	cmd.Env = append(append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next)), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	return cmd, lines
 }
