@@ -1,7 +1,8 @@
 # Cozy's build. `make help` lists the targets.
 #
-# Tools built for tests (envtest's kube-apiserver and etcd, staticcheck) are
-# cached outside the clone, in $(COZY_CACHE_DIR), keyed by version.
+# Tools built for tests (envtest's kube-apiserver and etcd, Flux's
+# controllers, staticcheck) are cached outside the clone, in
+# $(COZY_CACHE_DIR), keyed by version.
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -35,13 +36,17 @@ deps: ## Install the Debian packages the tests need (as root), or say which are 
 envtest: ## Build (once, cached) the kube-apiserver and etcd used by integration tests
 	hack/envtest-assets.sh >/dev/null
 
+.PHONY: flux
+flux: ## Build (once, cached) Flux's source, kustomize and helm controllers for the platform's reconcile test
+	hack/flux-controllers.sh >/dev/null
+
 .PHONY: unit
 unit: ## Unit tests: fast, no root, no API server
 	$(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test
-test: envtest ## Unit and integration tests: real kube-apiserver + etcd, network namespaces, QEMU netboot (root)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
+test: envtest flux ## Unit and integration tests: real kube-apiserver + etcd, Flux controllers, network namespaces, QEMU netboot (root)
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
 		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab

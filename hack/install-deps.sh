@@ -20,6 +20,7 @@ packages=(
 	isc-dhcp-client # dhclient, a real DHCP client for full mode
 	isc-dhcp-relay  # dhcrelay, a real relay agent (giaddr, option 82)
 	cpio            # cross-checks the initramfs writer
+	jq              # hack/flux-controllers.sh reads upstream go.mod replaces
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.

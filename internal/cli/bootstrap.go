@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/netboot"
@@ -31,6 +32,8 @@ func newBootstrapCommand(g *Globals) *cobra.Command {
 	var (
 		rackFile, stateDir, inventoryDir string
 		dryRun, noNetboot, allowUnknown  bool
+		noPlatform                       bool
+		platform                         platformInstall
 		pcfg                             pxe.Config
 		serverIP                         string
 		opts                             bootstrap.Options
@@ -47,6 +50,10 @@ Everything is recorded in the state dir (default: next to the rack file, in
 a directory named after the cluster): the secrets bundle, machine configs,
 talosconfig, kubeconfig and state.json. Interrupted, the same command picks
 up where it stopped; it never regenerates secrets or bootstraps etcd twice.
+
+If the rack has platform.git.url, it then installs Flux and points it at
+the rack's folder of that repository, as cozyctl platform install does
+(--no-platform skips this).
 
 Progress is a per-node table on stderr; with -o json, one JSON event per
 phase change on stdout. --dry-run prints what each machine would get and
@@ -115,9 +122,22 @@ changes nothing.`,
 				return fmt.Errorf("%w\nrun the same command again to continue from %s", err, stateDir)
 			}
 			fmt.Fprintf(g.stderr, "cluster %s is up: kubeconfig %s, talosconfig %s\n", r.Metadata.Name, res.Kubeconfig, res.Talosconfig)
-			// The platform layer (Flux) is not part of Cozy yet; bootstrap
-			// stops at the kubeconfig until it is.
-			fmt.Fprintln(g.stderr, "the platform layer is not installed: it is not part of this cozyctl yet")
+			switch {
+			case noPlatform:
+				fmt.Fprintln(g.stderr, "--no-platform: Flux is not installed; run cozyctl platform install when ready")
+			case r.Platform.Git.URL == "":
+				fmt.Fprintln(g.stderr, "the rack has no platform.git.url: Flux is not installed; run cozyctl platform install --git-url ... when the repository exists")
+			default:
+				cfg, err := clientcmd.BuildConfigFromFlags("", res.Kubeconfig)
+				if err != nil {
+					return err
+				}
+				platform.Git = gitFromRack(r)
+				if err := platform.run(cmd.Context(), g, cfg); err != nil {
+					return fmt.Errorf("the cluster is up, but installing the platform failed: %w\nfix it, then run cozyctl platform install --rack %s --kubeconfig %s", err, rackFile, res.Kubeconfig)
+				}
+				fmt.Fprintln(g.stderr, "Flux installed; follow the platform with cozyctl platform status --kubeconfig", res.Kubeconfig)
+			}
 			if g.Output == output.JSON {
 				return nil // the events on stdout are the result
 			}
@@ -140,6 +160,9 @@ changes nothing.`,
 	f.DurationVar(&opts.Timeout, "timeout", 30*time.Minute, "longest wait for each step (a machine to appear, to install, etcd, the API)")
 	f.IntVar(&opts.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
 	_ = f.MarkHidden("talos-port")
+	f.BoolVar(&noPlatform, "no-platform", false, "stop at the kubeconfig: do not install Flux even if the rack has platform.git")
+	f.StringVar(&platform.Manifests, "flux-manifests", "", "as for cozyctl platform install")
+	f.DurationVar(&platform.Wait, "platform-wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder")
 	_ = cmd.MarkFlagRequired("rack")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	return cmd

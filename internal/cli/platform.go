@@ -1,23 +1,31 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/output"
+	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
+	"cozy.dev/cozy/platform/status"
 )
 
 func newPlatformCommand(g *Globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "platform",
-		Short: "Render the Flux-reconciled platform layer for a rack",
+		Short: "Render, install and follow the Flux-reconciled platform layer",
 	}
-	cmd.AddCommand(newPlatformRenderCommand(g))
+	cmd.AddCommand(newPlatformRenderCommand(g), newPlatformInstallCommand(g), newPlatformStatusCommand(g))
 	return cmd
 }
 
@@ -98,5 +106,204 @@ exactly what it would write.`,
 	_ = cmd.MarkFlagRequired("out")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	_ = cmd.MarkFlagDirname("out")
+	return cmd
+}
+
+// platformInstall is what `platform install` and `bootstrap` share: load
+// Flux's manifests, apply them and the sync objects, wait for the root
+// Kustomization.
+type platformInstall struct {
+	Git       flux.Git
+	Manifests string // --flux-manifests: "" for the pinned release
+	Wait      time.Duration
+}
+
+func (p platformInstall) run(ctx context.Context, g *Globals, cfg *rest.Config) error {
+	log := g.Logger()
+	objs, err := flux.Load(ctx, p.Manifests)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", cfg.Host, err)
+	}
+	return flux.Install(ctx, c, flux.Options{
+		Manifests: objs,
+		Git:       p.Git,
+		Wait:      p.Wait,
+		Progress:  func(msg string) { log.Info(msg) },
+		Ready: func(ctx context.Context) (bool, string, error) {
+			return status.RootReady(ctx, c, flux.Namespace, flux.SyncName)
+		},
+	})
+}
+
+// addFlags registers the flags both commands take; bootstrap's Git
+// settings come from the rack instead.
+func (p *platformInstall) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&p.Manifests, "flux-manifests", "", "Flux's install manifests: a file, a folder (kustomized if it has a kustomization.yaml) or a URL; default the "+flux.Version+" release's install.yaml (air-gapped sites pass a local copy)")
+	fs.DurationVar(&p.Wait, "wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder (0: do not wait)")
+}
+
+func newPlatformInstallCommand(g *Globals) *cobra.Command {
+	var p platformInstall
+	var rackFile string
+	cmd := &cobra.Command{
+		Use:   "install",
+		Short: "Install Flux and point it at the cluster's folder in the platform repository",
+		Long: `Install Flux the way ` + "`flux install`" + ` does, from its release manifests
+(or a local copy with --flux-manifests), then a GitRepository and a root
+Kustomization flux-system/flux-system for the cluster's folder, the layout
+` + "`cozyctl platform render`" + ` writes. Everything is server-side applied, so
+running it again updates in place (a new Flux, another branch).
+
+It waits (--wait) until Flux has fetched the repository and applied the
+folder; the components themselves install in the background, in
+dependency order: follow them with ` + "`cozyctl platform status`" + `.
+
+Git settings come from the flags, else from the rack's platform.git.`,
+		Example: `  cozyctl platform install --kubeconfig kubeconfig --git-url https://git.example.com/platform.git --path clusters/rack1
+  cozyctl platform install --rack rack.yaml --flux-manifests ./flux-v2.9.5/install.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rackFile != "" {
+				r, err := rack.Load(rackFile)
+				if err != nil {
+					return err
+				}
+				fromRack := gitFromRack(r)
+				f := cmd.Flags()
+				if !f.Changed("git-url") {
+					p.Git.URL = fromRack.URL
+				}
+				if !f.Changed("git-branch") {
+					p.Git.Branch = fromRack.Branch
+				}
+				if !f.Changed("path") {
+					p.Git.Path = fromRack.Path
+				}
+			}
+			cfg, err := g.RESTConfig()
+			if err != nil {
+				return err
+			}
+			if err := p.run(cmd.Context(), g, cfg); err != nil {
+				return err
+			}
+			g.Logger().Info("Flux installed; follow the platform with cozyctl platform status", "path", p.Git.Path)
+			return nil
+		},
+	}
+	p.addFlags(cmd.Flags())
+	cmd.Flags().StringVar(&rackFile, "rack", "", "take the Git settings from the rack's platform.git")
+	cmd.Flags().StringVar(&p.Git.URL, "git-url", "", "the platform repository (https://, http:// or ssh://)")
+	cmd.Flags().StringVar(&p.Git.Branch, "git-branch", "main", "the branch Flux follows")
+	cmd.Flags().StringVar(&p.Git.Path, "path", "", "the cluster's folder in the repository, e.g. clusters/<name>")
+	cmd.Flags().StringVar(&p.Git.SecretRef, "git-secret", "", "a Secret in flux-system with the repository's credentials (see Flux's GitRepository docs)")
+	cmd.Flags().DurationVar(&p.Git.Interval, "git-interval", time.Minute, "how often Flux looks for new commits")
+	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
+	return cmd
+}
+
+// gitFromRack is the rack's platform.git with its defaults applied.
+func gitFromRack(r *rack.Rack) flux.Git {
+	return flux.Git{URL: r.Platform.Git.URL, Branch: r.Platform.Git.Branch, Path: r.Platform.Git.Path}
+}
+
+// statusTable prints one row per component.
+type statusTable struct{ *status.Report }
+
+func (t statusTable) Header() []string {
+	return []string{"COMPONENT", "READY", "SOURCES", "RELEASES", "MESSAGE"}
+}
+
+func (t statusTable) Rows() [][]string {
+	count := func(objs []status.Object) string {
+		if len(objs) == 0 {
+			return "-"
+		}
+		n := 0
+		for _, o := range objs {
+			if o.Ready {
+				n++
+			}
+		}
+		return fmt.Sprintf("%d/%d", n, len(objs))
+	}
+	var rows [][]string
+	for _, c := range t.Components {
+		ready := "False"
+		if c.Ready {
+			ready = "True"
+		}
+		rows = append(rows, []string{c.Name, ready, count(c.Sources), count(c.Releases), oneLine(c.Message, 160)})
+	}
+	return rows
+}
+
+// oneLine keeps a table row on one line: Flux messages can hold newlines
+// and whole error chains.
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		s = s[:max-1] + "…"
+	}
+	return s
+}
+
+var _ output.Tabular = statusTable{}
+
+func newPlatformStatusCommand(g *Globals) *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every platform component: sources, releases, Ready, and the first failing reason",
+		Long: `Show what Flux reports for every component of the platform, in install
+order: the component's Kustomization, the sources and HelmReleases it
+applied, whether each is Ready, and the first reason it is not (a failing
+source first, then a failing release, then the Kustomization's message,
+e.g. the dependency it waits for).
+
+With --wait it polls until every component is Ready and fails if the time
+runs out; the last status is printed either way.`,
+		Example: `  cozyctl platform status --kubeconfig kubeconfig
+  cozyctl platform status -o json | jq '.components[] | select(.ready | not)'
+  cozyctl platform status --wait 30m`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.RESTConfig()
+			if err != nil {
+				return err
+			}
+			c, err := client.New(cfg, client.Options{})
+			if err != nil {
+				return fmt.Errorf("connect to %s: %w", cfg.Host, err)
+			}
+			ctx := cmd.Context()
+			deadline := time.Now().Add(wait)
+			for {
+				rep, err := status.Collect(ctx, c, flux.Namespace)
+				if err != nil {
+					return err
+				}
+				if rep.Ready || wait == 0 || time.Now().After(deadline) {
+					if err := g.Print(statusTable{rep}); err != nil {
+						return err
+					}
+					if !rep.Ready && wait > 0 {
+						return fmt.Errorf("the platform is not ready after %s", wait)
+					}
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(5 * time.Second):
+				}
+			}
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", 0, "poll until every component is Ready, failing after this long")
 	return cmd
 }

@@ -7,6 +7,7 @@ package netnstest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -205,4 +206,69 @@ func (n *NS) KubeVersion(kubeconfig string) (string, error) {
 		return "", err
 	}
 	return v.GitVersion, nil
+}
+
+// Forward makes a TCP service on the host's loopback (addr, e.g. an
+// envtest API server on 127.0.0.1:PORT) reachable at the same address
+// inside the namespace, so programs confined there (no route out) can use
+// it without the namespace getting any other way out. It stops when the
+// test ends.
+func (n *NS) Forward(t testing.TB, addr string) {
+	t.Helper()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !net.ParseIP(host).IsLoopback() {
+		t.Fatalf("forward %s: only loopback addresses are forwarded", addr)
+	}
+	var l net.Listener
+	if err := n.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, n.Name, err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+	})
+	var conns sync.Map
+	wg.Go(func() {
+		defer conns.Range(func(c, _ any) bool { c.(net.Conn).Close(); return true })
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			conns.Store(in, nil)
+			conns.Store(out, nil)
+			go pipe(in, out, &conns)
+		}
+	})
+}
+
+// pipe copies both ways until either side closes.
+func pipe(a, b net.Conn, conns *sync.Map) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		_, _ = io.CopyBuffer(dst, src, buf)
+		if tc, ok := dst.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+	a.Close()
+	b.Close()
+	conns.Delete(a)
+	conns.Delete(b)
 }

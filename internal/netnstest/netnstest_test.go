@@ -3,7 +3,9 @@
 package netnstest
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -66,5 +68,52 @@ func TestSweepsOrphans(t *testing.T) {
 	sweepOrphans()
 	if _, err := os.Stat("/run/netns/" + name); err == nil {
 		t.Fatalf("orphan namespace %s survived the sweep", name)
+	}
+}
+
+// Forward makes a host loopback service reachable inside a namespace at the
+// same address, both ways, and nothing else.
+func TestForward(t *testing.T) {
+	ns := New(t, "fwd")
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }() // echo
+		}
+	}()
+	ns.Forward(t, ln.Addr().String())
+
+	err = ns.Do(func() error {
+		c, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		msg := bytes.Repeat([]byte("cozy "), 20000) // larger than one copy buffer
+		go func() { _, _ = c.Write(msg); _ = c.(*net.TCPConn).CloseWrite() }()
+		got, err := io.ReadAll(c)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got, msg) {
+			return fmt.Errorf("echo: %d bytes back, want %d", len(got), len(msg))
+		}
+		// Only that address is forwarded.
+		if c, err := net.Dial("tcp4", "127.0.0.1:1"); err == nil {
+			c.Close()
+			return fmt.Errorf("127.0.0.1:1 answers inside the namespace")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

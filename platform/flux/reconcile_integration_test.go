@@ -1,0 +1,370 @@
+//go:build integration
+
+package flux_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxcd/pkg/gittestserver"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/internal/cli"
+	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/platform/flux"
+	"cozy.dev/cozy/platform/render"
+	"cozy.dev/cozy/platform/status"
+)
+
+// TestFluxReconcilesPlatform is the platform's end-to-end check without
+// nodes: real Flux controllers (built from their modules by
+// hack/flux-controllers.sh) run against a real kube-apiserver, and a local
+// Git server serves the lab rack's rendered platform.
+//
+// The controllers run in a network namespace with only loopback; the API
+// server and the Git server are forwarded into it. So charts that live on
+// the internet cannot be fetched, and must say so in the status, and no
+// test traffic leaves the machine.
+//
+// Phases:
+//  1. platform install (Flux manifests kustomized from the controllers'
+//     modules, as the air-gapped path reads them), controllers started,
+//     install run again with a wait: the root Kustomization becomes Ready.
+//  2. platform status shows the networking component failing on its chart
+//     fetch and the components after it waiting for it.
+//  3. With the root suspended and cozy-operator's dependencies lifted (its
+//     chart is in the same repository), Flux installs our own chart: its
+//     objects exist, and once a stand-in for the kubelet reports its
+//     Deployment available, the HelmRelease and the Kustomization are
+//     Ready.
+func TestFluxReconcilesPlatform(t *testing.T) {
+	bin := fluxBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	ns := netnstest.New(t, "flux")
+	env := testenv.Start(t, testenv.Options{CRDs: []testenv.CRDSource{}})
+	apiURL, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Forward(t, apiURL.Host)
+
+	// The platform repository: the lab rack's rendering.
+	repoDir := t.TempDir()
+	layout, err := render.Render(labRack(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := layout.Write(repoDir); err != nil {
+		t.Fatal(err)
+	}
+	gs, err := gittestserver.NewTempGitServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(gs.Root()) })
+	if err := gs.InitRepo(repoDir, "main", "platform.git"); err != nil {
+		t.Fatalf("push the rendered platform: %v", err)
+	}
+	if err := gs.StartHTTP(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gs.StopHTTP)
+	gitURL, err := url.Parse(gs.HTTPAddress())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Forward(t, gitURL.Host)
+
+	// Phase 1: install, start the controllers, install again and wait.
+	manifests := filepath.Join(t.TempDir(), "install.yaml")
+	if err := testenv.FluxInstallManifests(ctx, manifests); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := flux.Load(ctx, manifests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	git := flux.Git{URL: gs.HTTPAddress() + "/platform.git", Branch: "main", Path: "clusters/lab", Interval: 10 * time.Second}
+	opts := flux.Options{Manifests: objs, Git: git, Poll: 500 * time.Millisecond, Progress: func(m string) { t.Log(m) }}
+	if err := flux.Install(ctx, env.Client, opts); err != nil {
+		t.Fatalf("install: %v", err)
+	}
+	kubeconfig := writeKubeconfig(t, env.Config)
+	startControllers(t, ns, bin, kubeconfig)
+
+	// Again, as a user would: the CLI, waiting for the root to be Ready.
+	cozyctl(t, "platform", "install", "--kubeconfig", kubeconfig, "--flux-manifests", manifests,
+		"--git-url", git.URL, "--path", git.Path, "--git-interval", "10s", "--wait", "3m")
+	if ok, why, err := status.RootReady(ctx, env.Client, flux.Namespace, flux.SyncName); !ok || err != nil {
+		t.Fatalf("platform install returned, but the root Kustomization is not Ready: %s %v", why, err)
+	}
+
+	// Phase 2: the components are there, and honest about what fails.
+	var rep *status.Report
+	poll(t, ctx, "networking to report its chart fetch failing", func() (bool, string) {
+		rep = platformStatus(t, kubeconfig)
+		c := component(rep, "networking")
+		return c != nil && !c.Ready && failedFetch(c.Message), fmt.Sprintf("%+v", c)
+	})
+	for _, c := range rep.Components {
+		t.Logf("%-22s ready=%-5v %s", c.Name, c.Ready, c.Message)
+	}
+	if rep.Ready {
+		t.Error("the platform reports Ready, but its charts cannot be fetched here")
+	}
+	if root := component(rep, flux.SyncName); root == nil || !root.Ready {
+		t.Errorf("root Kustomization: %+v, want Ready", root)
+	}
+	for _, name := range []string{"cert-manager", "kubevirt", "cozy-operator"} {
+		c := component(rep, name)
+		if c == nil {
+			t.Errorf("status has no component %s", name)
+			continue
+		}
+		if c.Ready || !strings.Contains(c.Message, "dependency") {
+			t.Errorf("%s: ready=%v %q, want it waiting for a dependency", name, c.Ready, c.Message)
+		}
+	}
+	if rep.Components[0].Name != flux.SyncName || rep.Components[1].Name != "networking" {
+		t.Errorf("status order starts %s, %s; want the root, then networking (install order)", rep.Components[0].Name, rep.Components[1].Name)
+	}
+
+	// Phase 3: our own chart, installed by Flux from the repository.
+	patch := func(obj client.Object, p string) {
+		t.Helper()
+		if err := env.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(p))); err != nil {
+			t.Fatalf("patch %s: %v", obj.GetName(), err)
+		}
+	}
+	kustomization := func(name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("kustomize.toolkit.fluxcd.io/v1")
+		u.SetKind("Kustomization")
+		u.SetNamespace(flux.Namespace)
+		u.SetName(name)
+		return u
+	}
+	patch(kustomization(flux.SyncName), `{"spec":{"suspend":true}}`)
+	patch(kustomization("cozy-operator"), `{"spec":{"dependsOn":null}}`)
+	go standInKubelet(ctx, env.Client, "cozy-system")
+
+	poll(t, ctx, "the cozy-operator chart's objects to exist", func() (bool, string) {
+		var d appsv1.Deployment
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &d)
+		return err == nil, fmt.Sprint(err)
+	})
+	var sa corev1.ServiceAccount
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &sa); err != nil {
+		t.Errorf("the chart's ServiceAccount: %v", err)
+	}
+	var roles rbacv1.ClusterRoleList
+	if err := env.Client.List(ctx, &roles, client.MatchingLabels{"helm.toolkit.fluxcd.io/name": "cozy-operator"}); err != nil || len(roles.Items) == 0 {
+		t.Errorf("the chart's ClusterRoles (labelled by helm-controller): %d, %v", len(roles.Items), err)
+	}
+	poll(t, ctx, "cozy-operator to be Ready", func() (bool, string) {
+		rep = platformStatus(t, kubeconfig)
+		c := component(rep, "cozy-operator")
+		return c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v", c)
+	})
+}
+
+// fluxBinaries is the directory hack/flux-controllers.sh built.
+func fluxBinaries(t *testing.T) string {
+	dir := os.Getenv("COZY_FLUX_BIN")
+	if dir == "" {
+		prereq.Missing(t, "COZY_FLUX_BIN is not set; run `make test`, or export COZY_FLUX_BIN=$(hack/flux-controllers.sh)")
+	}
+	for _, c := range testenv.FluxControllers() {
+		if _, err := os.Stat(filepath.Join(dir, c.Name)); err != nil {
+			prereq.Missing(t, "COZY_FLUX_BIN=%s has no %s; rebuild with hack/flux-controllers.sh", dir, c.Name)
+		}
+	}
+	return dir
+}
+
+func labRack(t *testing.T) *rack.Rack {
+	c := lab.Config{Name: "lab", Dir: "/var/lib/cozy/labs/lab"}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := rack.Parse(c.Rack(), "lab-rack.yaml", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func writeKubeconfig(t *testing.T, rc *rest.Config) string {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData, Token: rc.BearerToken}
+	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	cfg.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startControllers runs Flux's three controllers inside ns, logging to
+// files that are kept as test artefacts.
+func startControllers(t *testing.T, ns *netnstest.NS, bin, kubeconfig string) {
+	logs := os.Getenv("COZY_TEST_ARTIFACTS")
+	if logs == "" {
+		logs = t.TempDir()
+	} else if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	storage := t.TempDir()
+	// Each binds its metrics and health ports to all interfaces by
+	// default; 0 turns them off. The artifact server is on loopback.
+	common := []string{"--metrics-addr=0", "--health-addr=0", "--log-level=debug", "--log-encoding=console"}
+	args := map[string][]string{
+		"source-controller": append([]string{
+			"--storage-path=" + storage, "--storage-addr=127.0.0.1:9790", "--storage-adv-addr=127.0.0.1:9790",
+		}, common...),
+		"kustomize-controller": common,
+		"helm-controller":      common,
+	}
+	for _, c := range testenv.FluxControllers() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cmd := ns.Command(ctx, filepath.Join(bin, c.Name), args[c.Name]...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "RUNTIME_NAMESPACE="+flux.Namespace)
+		logFile, err := os.Create(filepath.Join(logs, "flux-"+c.Name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start %s: %v", c.Name, err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			cancel()
+			<-done
+			logFile.Close()
+			if t.Failed() {
+				t.Logf("%s log: %s", c.Name, logFile.Name())
+			}
+		})
+	}
+}
+
+// cozyctl runs the CLI in-process and returns its stdout.
+func cozyctl(t *testing.T, args ...string) []byte {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := cli.NewRootCommand(&stdout, &stderr)
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("cozyctl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.Bytes()
+}
+
+// platformStatus runs `cozyctl platform status -o json`.
+func platformStatus(t *testing.T, kubeconfig string) *status.Report {
+	out := cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig, "-o", "json")
+	var rep status.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("platform status -o json: %v: %s", err, out)
+	}
+	return &rep
+}
+
+func component(rep *status.Report, name string) *status.Component {
+	for i := range rep.Components {
+		if rep.Components[i].Name == name {
+			return &rep.Components[i]
+		}
+	}
+	return nil
+}
+
+// failedFetch says whether a message is a source's failure to reach the
+// internet (DNS or connect, as seen from a namespace with no route out).
+func failedFetch(msg string) bool {
+	for _, s := range []string{"failed to fetch", "failed to get", "dial tcp", "no such host", "network is unreachable", "failed to determine artifact digest"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// standInKubelet reports every Deployment in namespace as rolled out and
+// available, as the kube-controller-manager would once a kubelet ran its
+// pods: the test API server has neither. It stops with ctx.
+func standInKubelet(ctx context.Context, c client.Client, namespace string) {
+	for ctx.Err() == nil {
+		var ds appsv1.DeploymentList
+		if err := c.List(ctx, &ds, client.InNamespace(namespace)); err == nil {
+			for i := range ds.Items {
+				d := &ds.Items[i]
+				replicas := int32(1)
+				if d.Spec.Replicas != nil {
+					replicas = *d.Spec.Replicas
+				}
+				if d.Status.ObservedGeneration == d.Generation && d.Status.AvailableReplicas == replicas {
+					continue
+				}
+				now := metav1.Now()
+				d.Status = appsv1.DeploymentStatus{
+					ObservedGeneration: d.Generation,
+					Replicas:           replicas, UpdatedReplicas: replicas, ReadyReplicas: replicas, AvailableReplicas: replicas,
+					Conditions: []appsv1.DeploymentCondition{
+						{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable", LastUpdateTime: now, LastTransitionTime: now},
+						{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "NewReplicaSetAvailable", LastUpdateTime: now, LastTransitionTime: now},
+					},
+				}
+				_ = c.Status().Update(ctx, d)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// poll retries check until it holds or ctx ends; last says what it saw.
+func poll(t *testing.T, ctx context.Context, what string, check func() (ok bool, last string)) {
+	t.Helper()
+	var last string
+	for {
+		var ok bool
+		if ok, last = check(); ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v; last: %s", what, ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+	}
+}
