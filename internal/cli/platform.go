@@ -237,17 +237,19 @@ func (t statusTable) Rows() [][]string {
 		if c.Ready {
 			ready = "True"
 		}
-		rows = append(rows, []string{c.Name, ready, count(c.Sources), count(c.Releases), oneLine(c.Message, 160)})
+		rows = append(rows, []string{c.Name, ready, count(c.Sources), count(c.Releases), oneLine(c.Message, 200)})
 	}
 	return rows
 }
 
 // oneLine keeps a table row on one line: Flux messages can hold newlines
-// and whole error chains.
+// and whole error chains. A long one loses its middle: the start says
+// what failed, the end of a Go error chain the root cause.
 func oneLine(s string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > max {
-		s = s[:max-1] + "…"
+	if r := []rune(s); len(r) > max {
+		head := max / 3
+		s = string(r[:head]) + " … " + string(r[len(r)-(max-head-3):])
 	}
 	return s
 }

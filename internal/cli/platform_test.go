@@ -94,3 +94,24 @@ func TestPlatformRenderRefusesBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestOneLine(t *testing.T) {
+	tests := []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"short", 20, "short"},
+		{"two\nlines  and   spaces", 40, "two lines and spaces"},
+		{"failed to fetch index: Get https://x: dial tcp: lookup x: network is unreachable", 40, "failed to fet … : network is unreachable"},
+	}
+	for _, tt := range tests {
+		got := oneLine(tt.in, tt.max)
+		if got != tt.want {
+			t.Errorf("oneLine(%q, %d) = %q, want %q", tt.in, tt.max, got, tt.want)
+		}
+		if n := len([]rune(got)); n > tt.max {
+			t.Errorf("oneLine(%q, %d) is %d runes long", tt.in, tt.max, n)
+		}
+	}
+}

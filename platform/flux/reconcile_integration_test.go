@@ -129,9 +129,7 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 		c := component(rep, "networking")
 		return c != nil && !c.Ready && failedFetch(c.Message), fmt.Sprintf("%+v", c)
 	})
-	for _, c := range rep.Components {
-		t.Logf("%-22s ready=%-5v %s", c.Name, c.Ready, c.Message)
-	}
+	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
 	if rep.Ready {
 		t.Error("the platform reports Ready, but its charts cannot be fetched here")
 	}
