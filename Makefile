@@ -68,6 +68,10 @@ bench: build envtest ## Benchmarks, ours and peers side by side in one run, and 
 		$(GO) test -tags 'integration lab bench' -count=1 -timeout 60m -run 'TestBenchLab' -v ./lab/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 
+.PHONY: generate
+generate: ## Regenerate the TenantCluster API's deepcopy code and CRD (controller-gen, cached)
+	hack/generate.sh
+
 .PHONY: fmt
 fmt: ## Check formatting (gofmt) and that go.mod/go.sum are tidy
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; \
@@ -78,7 +82,8 @@ $(STATICCHECK):
 	GOBIN="$(dir $@)" GOFLAGS= $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: lint
-lint: $(STATICCHECK) ## go vet and staticcheck, with and without the integration tag
+lint: $(STATICCHECK) ## go vet and staticcheck, with and without the integration tag; generated files up to date
+	hack/generate.sh --check
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
 	$(STATICCHECK) ./...

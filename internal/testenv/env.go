@@ -31,6 +31,9 @@ type Env struct {
 type Options struct {
 	// CRDs to install; nil means UpstreamCRDs(), an empty slice none.
 	CRDs []CRDSource
+	// CRDFiles are YAML files of this repository's own CRDs to install
+	// as well (e.g. charts/cozy-operator/crds/*.yaml).
+	CRDFiles []string
 	// Scheme for the client; nil means client-go's built-in types.
 	Scheme *runtime.Scheme
 }
@@ -66,6 +69,18 @@ func Start(t testing.TB, opts Options) *Env {
 	crds, err := LoadCRDs(ctx, sources)
 	if err != nil {
 		t.Fatalf("load upstream CRDs: %v", err)
+	}
+	for _, f := range opts.CRDFiles {
+		r, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := decodeCRDs(r)
+		r.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		crds = append(crds, own...)
 	}
 
 	scheme := opts.Scheme

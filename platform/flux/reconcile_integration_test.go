@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -55,7 +56,7 @@ import (
 //     fetch and the components after it waiting for it.
 //  3. With the root suspended and cozy-operator's dependencies lifted (its
 //     chart is in the same repository), Flux installs our own chart: its
-//     objects exist, and once a stand-in for the kubelet reports its
+//     objects and the TenantCluster CRD exist, and once a stand-in for the kubelet reports its
 //     Deployment available, the HelmRelease and the Kustomization are
 //     Ready.
 func TestFluxReconcilesPlatform(t *testing.T) {
@@ -177,6 +178,11 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	var sa corev1.ServiceAccount
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &sa); err != nil {
 		t.Errorf("the chart's ServiceAccount: %v", err)
+	}
+	// The chart's crds/ folder: helm-controller installs it (CreateReplace).
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "tenantclusters.tenancy.cozy.dev"}, &crd); err != nil {
+		t.Errorf("the chart's TenantCluster CRD: %v", err)
 	}
 	var roles rbacv1.ClusterRoleList
 	if err := env.Client.List(ctx, &roles, client.MatchingLabels{"helm.toolkit.fluxcd.io/name": "cozy-operator"}); err != nil || len(roles.Items) == 0 {
