@@ -129,7 +129,7 @@ func Install(ctx context.Context, c client.Client, opts Options) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("Flux did not reconcile %s within %s: %s (are the Flux controllers running? kubectl -n %s get deployments)", opts.Git.Path, opts.Wait, why, Namespace)
+			return fmt.Errorf("waited %[2]s for Flux to reconcile %[1]s: %[3]s (are the Flux controllers running? kubectl -n %[4]s get deployments)", opts.Git.Path, opts.Wait, why, Namespace)
 		case <-time.After(opts.Poll):
 		}
 	}

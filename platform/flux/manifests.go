@@ -71,7 +71,7 @@ func Load(ctx context.Context, src string) ([]*unstructured.Unstructured, error)
 		return nil, fmt.Errorf("read Flux manifests from %s: %w", src, err)
 	}
 	if err := checkFlux(objs); err != nil {
-		return nil, fmt.Errorf("Flux manifests from %s: %w", src, err)
+		return nil, fmt.Errorf("the Flux manifests from %s: %w", src, err)
 	}
 	return objs, nil
 }
