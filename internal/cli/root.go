@@ -82,6 +82,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newBootstrapCommand(g))
 	root.AddCommand(newPlatformCommand(g))
 	root.AddCommand(newLabCommand(g))
+	root.AddCommand(newTenantCommand(g))
 	return root, g
 }
 

@@ -22,9 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/bootstrap/rack"
@@ -113,7 +110,7 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	if err := flux.Install(ctx, env.Client, opts); err != nil {
 		t.Fatalf("install: %v", err)
 	}
-	kubeconfig := writeKubeconfig(t, env.Config)
+	kubeconfig := env.WriteKubeconfig(t)
 	startControllers(t, ns, bin, kubeconfig)
 
 	// Again, as a user would: the CLI, waiting for the root to be Ready.
@@ -219,19 +216,6 @@ func labRack(t *testing.T) *rack.Rack {
 		t.Fatal(err)
 	}
 	return r
-}
-
-func writeKubeconfig(t *testing.T, rc *rest.Config) string {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData, Token: rc.BearerToken}
-	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	cfg.CurrentContext = "envtest"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // startControllers runs Flux's three controllers inside ns, logging to
