@@ -274,13 +274,9 @@ runs out; the last status is printed either way.`,
   cozyctl platform status --wait 30m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.RESTConfig()
+			c, err := g.Client(nil)
 			if err != nil {
 				return err
-			}
-			c, err := client.New(cfg, client.Options{})
-			if err != nil {
-				return fmt.Errorf("connect to %s: %w", cfg.Host, err)
 			}
 			ctx := cmd.Context()
 			deadline := time.Now().Add(wait)

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/output"
@@ -30,10 +29,6 @@ func newTenantCommand(g *Globals) *cobra.Command {
 // tenantClient is a client for TenantClusters and Secrets, and the
 // namespace of the kubeconfig's context (default "default").
 func (g *Globals) tenantClient() (client.Client, string, error) {
-	cfg, err := g.RESTConfig()
-	if err != nil {
-		return nil, "", err
-	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, "", err
@@ -41,13 +36,11 @@ func (g *Globals) tenantClient() (client.Client, string, error) {
 	if err := v1.AddToScheme(scheme); err != nil {
 		return nil, "", err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := g.Client(scheme)
 	if err != nil {
-		return nil, "", fmt.Errorf("connect to %s: %w", cfg.Host, err)
+		return nil, "", err
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = g.Kubeconfig
-	ns, _, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).Namespace()
+	ns, _, err := g.clientConfig().Namespace()
 	if err != nil || ns == "" {
 		ns = "default"
 	}
