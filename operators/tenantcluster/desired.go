@@ -90,13 +90,19 @@ func (c Children) All() []*unstructured.Unstructured {
 	return out
 }
 
-// Desired builds every child. workerVersion is the Kubernetes version
-// the node groups run: the controller holds it at the old version until
-// the control plane has finished upgrading.
+// Desired builds every child, the control plane at the TenantCluster's
+// version and the node groups at workerVersion.
 func Desired(tc *v1.TenantCluster, workerVersion string) (Children, error) {
+	return DesiredAt(tc, Versions{ControlPlane: tc.Spec.Version, Groups: map[string]string{newGroupKey: workerVersion}})
+}
+
+// DesiredAt builds every child at the versions plan chose: during an
+// upgrade the controller holds the node groups at their old version until
+// the control plane has finished.
+func DesiredAt(tc *v1.TenantCluster, v Versions) (Children, error) {
 	c := Children{
 		Cluster:      desiredCluster(tc),
-		ControlPlane: desiredKamajiControlPlane(tc),
+		ControlPlane: desiredKamajiControlPlane(tc, v.ControlPlane),
 		Infra:        desiredKubevirtCluster(tc),
 	}
 	for _, g := range tc.Spec.NodeGroups {
@@ -105,7 +111,7 @@ func Desired(tc *v1.TenantCluster, workerVersion string) (Children, error) {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
 		bt := desiredBootstrapTemplate(tc, g)
-		md, err := desiredMachineDeployment(tc, g, workerVersion, mt.GetName(), bt.GetName())
+		md, err := desiredMachineDeployment(tc, g, v.Group(g.Name), mt.GetName(), bt.GetName())
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
@@ -178,7 +184,7 @@ func desiredCluster(tc *v1.TenantCluster) *unstructured.Unstructured {
 // management cluster. No kube-proxy add-on (the tenant's Cilium replaces
 // it); the API server reaches kubelets by internal address first, and the
 // kubelets use the systemd cgroup driver, as the CAPK images do.
-func desiredKamajiControlPlane(tc *v1.TenantCluster) *unstructured.Unstructured {
+func desiredKamajiControlPlane(tc *v1.TenantCluster, version string) *unstructured.Unstructured {
 	cp := tc.Spec.ControlPlane
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion(kamajiGroup + "/" + kamajiVersion)
@@ -201,7 +207,7 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster) *unstructured.Unstructured 
 		network["certSANs"] = []any{cp.Expose.Host}
 	}
 	spec := map[string]any{
-		"version":       tc.Spec.Version,
+		"version":       version,
 		"replicas":      int64(cp.Replicas),
 		"dataStoreName": cp.DataStoreName,
 		"addons":        addons,

@@ -1,0 +1,697 @@
+//go:build integration
+
+package tenantcluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	helmv2 "github.com/fluxcd/helm-controller/api/v2"
+	dto "github.com/prometheus/client_model/go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"cozy.dev/cozy/internal/testenv"
+	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+)
+
+// operatorEnv is a real kube-apiserver with the upstream CRDs and ours,
+// and the operator's controller running against it in-process.
+type operatorEnv struct {
+	env *testenv.Env
+	c   client.Client
+}
+
+func startOperator(t *testing.T) *operatorEnv {
+	t.Helper()
+	scheme, err := Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Options{
+		Scheme:   scheme,
+		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
+	})
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 scheme,
+		Cache:                  CacheOptions(),
+		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Several managers run in one test binary.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig()}
+	if err := r.SetupWithManager(mgr, 4); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	return &operatorEnv{env: env, c: env.Client}
+}
+
+// create makes the namespace and the TenantCluster of the fixture, with
+// the add-on toggles given.
+func (e *operatorEnv) create(t *testing.T, ctx context.Context, mutate func(*v1.TenantCluster)) *v1.TenantCluster {
+	t.Helper()
+	tc := fixture(t)
+	tc.UID, tc.ResourceVersion = "", ""
+	if mutate != nil {
+		mutate(tc)
+	}
+	if err := e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := e.c.Create(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	return tc
+}
+
+// eventually polls f until it returns nil, failing with its last error
+// after a deadline generous enough for a loaded CI machine.
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (e *operatorEnv) get(ctx context.Context, tc *v1.TenantCluster) (*v1.TenantCluster, error) {
+	out := &v1.TenantCluster{}
+	return out, e.c.Get(ctx, client.ObjectKeyFromObject(tc), out)
+}
+
+// children lists what exists with the TenantCluster's label, by
+// "Kind/name".
+func (e *operatorEnv) children(ctx context.Context, tc *v1.TenantCluster) (map[string]*unstructured.Unstructured, error) {
+	out := map[string]*unstructured.Unstructured{}
+	for _, k := range childKinds {
+		l := &unstructured.UnstructuredList{}
+		l.SetGroupVersionKind(k.GVK.GroupVersion().WithKind(k.GVK.Kind + "List"))
+		if err := e.c.List(ctx, l, client.InNamespace(tc.Namespace), client.MatchingLabels{LabelTenantCluster: tc.Name}); err != nil {
+			return nil, err
+		}
+		for i := range l.Items {
+			out[k.GVK.Kind+"/"+l.Items[i].GetName()] = &l.Items[i]
+		}
+	}
+	return out, nil
+}
+
+// wantChildren waits until exactly the objects Desired builds exist.
+func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.TenantCluster, v Versions, extra ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	var got map[string]*unstructured.Unstructured
+	eventually(t, "children", func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		want, err := DesiredAt(cur, v)
+		if err != nil {
+			return err
+		}
+		names := slices.Clone(extra)
+		for _, u := range want.All() {
+			names = append(names, u.GetKind()+"/"+u.GetName())
+		}
+		if got, err = e.children(ctx, cur); err != nil {
+			return err
+		}
+		var have []string
+		for k := range got {
+			have = append(have, k)
+		}
+		slices.Sort(names)
+		slices.Sort(have)
+		if !slices.Equal(names, have) {
+			return fmt.Errorf("children\n have %v\n want %v", have, names)
+		}
+		for _, u := range want.All() {
+			g := got[u.GetKind()+"/"+u.GetName()]
+			if v, _, _ := unstructured.NestedString(u.Object, "spec", "version"); v != "" {
+				if gv, _, _ := unstructured.NestedString(g.Object, "spec", "version"); gv != v {
+					return fmt.Errorf("%s %s: version %s, want %s", u.GetKind(), u.GetName(), gv, v)
+				}
+			}
+			if v, _, _ := unstructured.NestedString(u.Object, "spec", "template", "spec", "version"); v != "" {
+				if gv, _, _ := unstructured.NestedString(g.Object, "spec", "template", "spec", "version"); gv != v {
+					return fmt.Errorf("%s %s: version %s, want %s", u.GetKind(), u.GetName(), gv, v)
+				}
+			}
+		}
+		return nil
+	})
+	return got
+}
+
+func condition(tc *v1.TenantCluster, typ string) string {
+	c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
+	if c == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("%s/%s: %s", c.Status, c.Reason, c.Message)
+}
+
+// TestOperatorCreatesChildren: a new TenantCluster gets every Cluster API
+// object, owned by it, with the fields the builders set, a finalizer,
+// and an honest status (nothing runs them here, so: provisioning).
+func TestOperatorCreatesChildren(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, nil)
+
+	got := e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+	cur, _ := e.get(ctx, tc)
+	for name, u := range got {
+		refs := u.GetOwnerReferences()
+		if len(refs) != 1 || refs[0].UID != cur.UID || !ptr.Deref(refs[0].Controller, false) {
+			t.Errorf("%s: owner references %+v, want the TenantCluster as controller", name, refs)
+		}
+		if u.GetAnnotations()[AnnotationAppliedHash] == "" {
+			t.Errorf("%s: no %s annotation", name, AnnotationAppliedHash)
+		}
+		for _, mf := range u.GetManagedFields() {
+			if mf.Operation == metav1.ManagedFieldsOperationApply && mf.Manager != FieldOwner {
+				t.Errorf("%s: applied by %q", name, mf.Manager)
+			}
+		}
+	}
+	md := got["MachineDeployment/acme-md0"]
+	if r, _, _ := unstructured.NestedInt64(md.Object, "spec", "replicas"); r != 3 {
+		t.Errorf("MachineDeployment acme-md0: replicas %d, want 3", r)
+	}
+	if n, _, _ := unstructured.NestedString(md.Object, "spec", "template", "spec", "infrastructureRef", "name"); got["KubevirtMachineTemplate/"+n] == nil {
+		t.Errorf("MachineDeployment acme-md0 refers to KubevirtMachineTemplate %q, which does not exist", n)
+	}
+
+	eventually(t, "status", func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		if !controllerutil.ContainsFinalizer(cur, Finalizer) {
+			return fmt.Errorf("no finalizer")
+		}
+		st := cur.Status
+		if st.ObservedGeneration != cur.Generation || st.Phase != v1.PhaseProvisioning || st.Workers != "0/4" {
+			return fmt.Errorf("status %+v", st)
+		}
+		if c := condition(cur, v1.ConditionControlPlaneReady); !strings.HasPrefix(c, "False/Provisioning") {
+			return fmt.Errorf("ControlPlaneReady %s", c)
+		}
+		if c := condition(cur, v1.ConditionAddonsReady); !strings.HasPrefix(c, "False/"+ReasonWaitingKubeconfig) {
+			return fmt.Errorf("AddonsReady %s", c)
+		}
+		if c := condition(cur, v1.ConditionReady); !strings.HasPrefix(c, "False/") {
+			return fmt.Errorf("Ready %s", c)
+		}
+		return nil
+	})
+	assertIdle(t, ctx, e, tc)
+}
+
+// assertIdle: once converged, the operator sends nothing, and nothing
+// it owns changes.
+func assertIdle(t *testing.T, ctx context.Context, e *operatorEnv, tc *v1.TenantCluster) {
+	t.Helper()
+	before := totalWrites(t)
+	kids, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := e.get(ctx, tc)
+	// Something that makes the controller reconcile without changing
+	// what it wants: a label on the TenantCluster.
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Labels = map[string]string{"touched": fmt.Sprint(time.Now().UnixNano())}
+	if err := e.c.Patch(ctx, cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if after := totalWrites(t); after != before {
+		t.Errorf("the operator sent %v writes after convergence", after-before)
+	}
+	again, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, u := range kids {
+		if a := again[name]; a == nil || a.GetResourceVersion() != u.GetResourceVersion() {
+			t.Errorf("%s changed while idle", name)
+		}
+	}
+}
+
+func totalWrites(t *testing.T) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != "cozy_operator_writes_total" {
+			continue
+		}
+		for _, m := range f.Metric {
+			sum += counterValue(m)
+		}
+	}
+	return sum
+}
+
+func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }
+
+// TestOperatorNodeGroupChange: a changed node group gets a new machine
+// template, its MachineDeployment switches to it, and the old template is
+// removed once no MachineSet still refers to it. A removed group's
+// objects go.
+func TestOperatorNodeGroupChange(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, nil)
+	got := e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+	oldMD := got["MachineDeployment/acme-md0"]
+	oldTemplate, _, _ := unstructured.NestedString(oldMD.Object, "spec", "template", "spec", "infrastructureRef", "name")
+
+	// A MachineSet of the old template, as Cluster API keeps during a
+	// rollout.
+	ms := &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme-md0-old", Namespace: tc.Namespace, Labels: map[string]string{clusterv1.ClusterNameLabel: tc.Name}},
+		Spec: clusterv1.MachineSetSpec{
+			ClusterName: tc.Name,
+			Selector:    metav1.LabelSelector{MatchLabels: map[string]string{"set": "old"}},
+			Template: clusterv1.MachineTemplateSpec{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"set": "old"}},
+				Spec: clusterv1.MachineSpec{
+					ClusterName: tc.Name,
+					Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: "bootstrap.cluster.x-k8s.io", Kind: kindKubeadmTemplate, Name: "unrelated"}},
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: capkGroup, Kind: kindKubevirtTemplate, Name: oldTemplate},
+				},
+			},
+		},
+	}
+	if err := e.c.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+
+	e.modify(t, ctx, tc, func(cur *v1.TenantCluster) {
+		cur.Spec.NodeGroups[0].Resources.Memory = "16Gi"
+		cur.Spec.NodeGroups = slices.DeleteFunc(cur.Spec.NodeGroups, func(g v1.NodeGroup) bool { return g.Name == "small" })
+	})
+	// The old template stays: the MachineSet refers to it.
+	got = e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version), "KubevirtMachineTemplate/"+oldTemplate)
+	newTemplate, _, _ := unstructured.NestedString(got["MachineDeployment/acme-md0"].Object, "spec", "template", "spec", "infrastructureRef", "name")
+	if newTemplate == oldTemplate {
+		t.Fatalf("MachineDeployment still on %s after the memory change", oldTemplate)
+	}
+	mem, _, _ := unstructured.NestedString(got["KubevirtMachineTemplate/"+newTemplate].Object,
+		"spec", "template", "spec", "virtualMachineTemplate", "spec", "template", "spec", "domain", "memory", "guest")
+	if mem != "16Gi" {
+		t.Errorf("new template's memory %q, want 16Gi", mem)
+	}
+	// Once the MachineSet is gone, so is the old template.
+	if err := e.c.Delete(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+}
+
+// setControlPlane stands in for Kamaji: it reports the control plane at
+// a version, ready.
+func (e *operatorEnv) setControlPlane(t *testing.T, ctx context.Context, tc *v1.TenantCluster, version string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cp := &unstructured.Unstructured{}
+		cp.SetGroupVersionKind(gvkKamaji)
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(tc), cp); err != nil {
+			return err
+		}
+		cp.Object["status"] = map[string]any{
+			"version": version, "ready": true, "replicas": int64(2), "readyReplicas": int64(2), "upToDateReplicas": int64(2),
+			"initialization": map[string]any{"controlPlaneInitialized": true},
+		}
+		return e.c.Status().Update(ctx, cp)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setWorkers stands in for Cluster API: every MachineDeployment reports
+// its machines up to date and ready, or (rolling) not yet.
+func (e *operatorEnv) setWorkers(t *testing.T, ctx context.Context, tc *v1.TenantCluster, isRolling bool) {
+	t.Helper()
+	var mds clusterv1.MachineDeploymentList
+	if err := e.c.List(ctx, &mds, client.InNamespace(tc.Namespace), client.MatchingLabels{LabelTenantCluster: tc.Name}); err != nil {
+		t.Fatal(err)
+	}
+	for _, item := range mds.Items {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			md := &clusterv1.MachineDeployment{}
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(&item), md); err != nil {
+				return err
+			}
+			n := ptr.Deref(md.Spec.Replicas, 0)
+			upToDate := n
+			if isRolling {
+				upToDate = 0
+			}
+			md.Status = clusterv1.MachineDeploymentStatus{
+				ObservedGeneration: md.Generation,
+				Replicas:           ptr.To(n), ReadyReplicas: ptr.To(n), AvailableReplicas: ptr.To(n), UpToDateReplicas: ptr.To(upToDate),
+			}
+			return e.c.Status().Update(ctx, md)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (e *operatorEnv) setVersion(t *testing.T, ctx context.Context, tc *v1.TenantCluster, version string) {
+	t.Helper()
+	e.modify(t, ctx, tc, func(cur *v1.TenantCluster) { cur.Spec.Version = version })
+}
+
+// modify updates the TenantCluster's spec, again on a conflict with the
+// operator's status writes.
+func (e *operatorEnv) modify(t *testing.T, ctx context.Context, tc *v1.TenantCluster, f func(*v1.TenantCluster)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		f(cur)
+		return e.c.Update(ctx, cur)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOperatorUpgradeOrder: a version bump moves the control plane
+// first; the node groups follow only once it reports the new version
+// ready; and a control plane never moves while workers still roll.
+func TestOperatorUpgradeOrder(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, func(tc *v1.TenantCluster) { tc.Spec.Version = "v1.35.4" })
+	e.wantChildren(t, ctx, tc, Uniform("v1.35.4"))
+	e.setControlPlane(t, ctx, tc, "v1.35.4")
+	e.setWorkers(t, ctx, tc, false)
+
+	e.setVersion(t, ctx, tc, "v1.36.0")
+	// The control plane moves; the workers stay.
+	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.36.0", Groups: map[string]string{newGroupKey: "v1.35.4"}})
+	eventually(t, "upgrading status", func() error {
+		cur, _ := e.get(ctx, tc)
+		if cur.Status.Phase != v1.PhaseUpgrading || cur.Status.ObservedGeneration != cur.Generation {
+			return fmt.Errorf("phase %s, %s", cur.Status.Phase, condition(cur, v1.ConditionControlPlaneReady))
+		}
+		return nil
+	})
+	// Held for a while: still the old workers.
+	time.Sleep(time.Second)
+	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.36.0", Groups: map[string]string{newGroupKey: "v1.35.4"}})
+
+	// Kamaji reports the new version: the workers follow.
+	e.setControlPlane(t, ctx, tc, "v1.36.0")
+	e.wantChildren(t, ctx, tc, Uniform("v1.36.0"))
+
+	// The workers are rolling; another bump waits for them.
+	e.setWorkers(t, ctx, tc, true)
+	e.setVersion(t, ctx, tc, "v1.37.1")
+	time.Sleep(time.Second)
+	e.wantChildren(t, ctx, tc, Uniform("v1.36.0"))
+	eventually(t, "held control plane status", func() error {
+		cur, _ := e.get(ctx, tc)
+		if c := condition(cur, v1.ConditionControlPlaneReady); !strings.Contains(c, "waits for the node groups") {
+			return fmt.Errorf("ControlPlaneReady %s", c)
+		}
+		return nil
+	})
+	e.setWorkers(t, ctx, tc, false)
+	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.37.1", Groups: map[string]string{newGroupKey: "v1.36.0"}})
+	e.setControlPlane(t, ctx, tc, "v1.37.1")
+	e.wantChildren(t, ctx, tc, Uniform("v1.37.1"))
+	e.setWorkers(t, ctx, tc, false)
+	eventually(t, "workers ready", func() error {
+		cur, _ := e.get(ctx, tc)
+		if c := condition(cur, v1.ConditionWorkersReady); !strings.HasPrefix(c, "True/") || cur.Status.Workers != "4/4" {
+			return fmt.Errorf("WorkersReady %s, workers %s", c, cur.Status.Workers)
+		}
+		if c := condition(cur, v1.ConditionControlPlaneReady); !strings.HasPrefix(c, "True/") {
+			return fmt.Errorf("ControlPlaneReady %s", c)
+		}
+		return nil
+	})
+}
+
+// standInKamaji does what Kamaji does once a control plane is up: an
+// endpoint on the Cluster and the kubeconfig Secret, labelled as Cluster
+// API labels it.
+func (e *operatorEnv) standInKamaji(t *testing.T, ctx context.Context, tc *v1.TenantCluster) {
+	t.Helper()
+	cl := &clusterv1.Cluster{}
+	if err := e.c.Get(ctx, client.ObjectKeyFromObject(tc), cl); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cl.DeepCopy())
+	cl.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "api.acme.example.com", Port: 443}
+	if err := e.c.Patch(ctx, cl, patch, client.FieldOwner("kamaji")); err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme-kubeconfig", Namespace: tc.Namespace, Labels: map[string]string{clusterv1.ClusterNameLabel: tc.Name}},
+		Data:       map[string][]byte{"value": []byte("not read by the operator")},
+	}
+	if err := e.c.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// allAddonObjects are the fixture's add-on objects, by "Kind/name".
+func allAddonObjects() []string {
+	var out []string
+	for _, a := range []string{AddonCilium, AddonCSINode, AddonMetricsServer} {
+		out = append(out, "HelmRelease/acme-"+a)
+	}
+	for _, a := range []string{AddonCSIController, AddonCCM, AddonClusterAutoscaler} {
+		for _, k := range []string{"ServiceAccount", "Role", "RoleBinding", "Deployment"} {
+			out = append(out, k+"/acme-"+a)
+		}
+	}
+	return append(out, "ConfigMap/acme-"+AddonCCM)
+}
+
+// TestOperatorAddons: add-ons wait for the tenant's kubeconfig Secret,
+// then HelmReleases target the tenant through it and the
+// management-side controllers run with their own least-privilege
+// identity; a disabled add-on is removed; the status follows the
+// HelmReleases.
+func TestOperatorAddons(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, nil)
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+
+	e.standInKamaji(t, ctx, tc)
+	addonObjects := allAddonObjects()
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version), addonObjects...)
+
+	hr := &helmv2.HelmRelease{}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: tc.Namespace, Name: "acme-cilium"}, hr); err != nil {
+		t.Fatal(err)
+	}
+	if ref := hr.Spec.KubeConfig; ref == nil || ref.SecretRef == nil || ref.SecretRef.Name != "acme-kubeconfig" || ref.SecretRef.Key != "value" {
+		t.Errorf("HelmRelease acme-cilium kubeConfig %+v, want secretRef acme-kubeconfig/value", ref)
+	}
+	if !strings.Contains(string(hr.Spec.Values.Raw), `"k8sServiceHost":"api.acme.example.com"`) {
+		t.Errorf("cilium values %s lack the tenant's API host", hr.Spec.Values.Raw)
+	}
+	dep := &appsv1.Deployment{}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: tc.Namespace, Name: "acme-cluster-autoscaler"}, dep); err != nil {
+		t.Fatal(err)
+	}
+	if sa := dep.Spec.Template.Spec.ServiceAccountName; sa != "acme-cluster-autoscaler" {
+		t.Errorf("cluster-autoscaler runs as %q", sa)
+	}
+	if args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "clusterapi:namespace=tenant-acme,clusterName=acme") {
+		t.Errorf("cluster-autoscaler args %s: discovery not limited to this cluster", args)
+	}
+
+	// Helm reports cilium failing: the status says so.
+	hr.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "InstallFailed",
+		Message: "install retries exhausted", LastTransitionTime: metav1.Now(), ObservedGeneration: hr.Generation}}
+	if err := e.c.Status().Update(ctx, hr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "AddonsReady reports the failure", func() error {
+		cur, _ := e.get(ctx, tc)
+		if c := condition(cur, v1.ConditionAddonsReady); !strings.Contains(c, "cilium: install retries exhausted") {
+			return fmt.Errorf("AddonsReady %s", c)
+		}
+		return nil
+	})
+
+	// Turn metrics-server off: its HelmRelease goes.
+	e.modify(t, ctx, tc, func(cur *v1.TenantCluster) { cur.Spec.Addons.MetricsServer.Enabled = ptr.To(false) })
+	addonObjects = slices.DeleteFunc(addonObjects, func(s string) bool { return s == "HelmRelease/acme-metrics-server" })
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version), addonObjects...)
+}
+
+// TestOperatorDeletesInOrder: deleting a TenantCluster removes the
+// workers first, the Cluster only once they are gone, the add-ons last,
+// and the TenantCluster itself only when nothing is left.
+func TestOperatorDeletesInOrder(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, nil)
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+	e.standInKamaji(t, ctx, tc)
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version), allAddonObjects()...)
+
+	// Finalizers stand in for Cluster API draining a MachineDeployment's
+	// machines and for helm-controller holding a HelmRelease.
+	const hold = "test.cozy.dev/hold"
+	hr := &helmv2.HelmRelease{}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: tc.Namespace, Name: "acme-cilium"}, hr); err != nil {
+		t.Fatal(err)
+	}
+	hrPatch := client.MergeFrom(hr.DeepCopy())
+	hr.Finalizers = append(hr.Finalizers, hold)
+	if err := e.c.Patch(ctx, hr, hrPatch); err != nil {
+		t.Fatal(err)
+	}
+	md := &clusterv1.MachineDeployment{}
+	if err := e.c.Get(ctx, types.NamespacedName{Namespace: tc.Namespace, Name: "acme-md0"}, md); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(md.DeepCopy())
+	md.Finalizers = append(md.Finalizers, hold)
+	if err := e.c.Patch(ctx, md, patch); err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := e.get(ctx, tc)
+	if err := e.c.Delete(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "other workers deleted, the Cluster waiting", func() error {
+		kids, err := e.children(ctx, tc)
+		if err != nil {
+			return err
+		}
+		for name := range kids {
+			if strings.HasPrefix(name, "MachineHealthCheck/") || (strings.HasPrefix(name, "MachineDeployment/") && name != "MachineDeployment/acme-md0") {
+				return fmt.Errorf("%s still there", name)
+			}
+		}
+		if kids["Cluster/acme"] == nil || !kids["Cluster/acme"].GetDeletionTimestamp().IsZero() {
+			return fmt.Errorf("the Cluster was deleted while a worker is left")
+		}
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		if cur.Status.Phase != v1.PhaseDeleting || !strings.Contains(condition(cur, v1.ConditionReady), "MachineDeployment acme-md0") {
+			return fmt.Errorf("phase %s, Ready %s", cur.Status.Phase, condition(cur, v1.ConditionReady))
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	if kids, _ := e.children(ctx, tc); kids["Cluster/acme"] == nil {
+		t.Fatal("the Cluster was deleted while a worker is left")
+	}
+
+	if err := e.c.Get(ctx, client.ObjectKeyFromObject(md), md); err != nil {
+		t.Fatal(err)
+	}
+	patch = client.MergeFrom(md.DeepCopy())
+	md.Finalizers = slices.DeleteFunc(md.Finalizers, func(f string) bool { return f == hold })
+	if err := e.c.Patch(ctx, md, patch); err != nil {
+		t.Fatal(err)
+	}
+	// The add-ons go last, their HelmReleases suspended first so that
+	// helm-controller does not try to uninstall from a deleted cluster.
+	eventually(t, "HelmRelease suspended and deleted after the Cluster", func() error {
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(hr), hr); err != nil {
+			return err
+		}
+		if hr.DeletionTimestamp.IsZero() || !hr.Spec.Suspend {
+			return fmt.Errorf("HelmRelease acme-cilium: deleting %v, suspended %v", !hr.DeletionTimestamp.IsZero(), hr.Spec.Suspend)
+		}
+		if kids, _ := e.children(ctx, tc); kids["Cluster/acme"] != nil || kids["KamajiControlPlane/acme"] != nil {
+			return fmt.Errorf("the Cluster is still there")
+		}
+		return nil
+	})
+	hrPatch = client.MergeFrom(hr.DeepCopy())
+	hr.Finalizers = nil
+	if err := e.c.Patch(ctx, hr, hrPatch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "everything gone", func() error {
+		kids, err := e.children(ctx, tc)
+		if err != nil {
+			return err
+		}
+		if len(kids) > 0 {
+			var names []string
+			for n := range kids {
+				names = append(names, n)
+			}
+			return fmt.Errorf("left: %v", names)
+		}
+		if _, err := e.get(ctx, tc); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("TenantCluster still there (%v)", err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,257 @@
+package tenantcluster
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	helmv2 "github.com/fluxcd/helm-controller/api/v2"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+)
+
+// Observed is what the controller read of a TenantCluster's children.
+type Observed struct {
+	Cluster      *clusterv1.Cluster
+	ControlPlane *unstructured.Unstructured
+	// MachineDeployments by node group.
+	MachineDeployments map[string]*clusterv1.MachineDeployment
+	// Kubeconfig is the name of the tenant's kubeconfig Secret, empty
+	// until Cluster API has written it.
+	Kubeconfig string
+	// HelmReleases and Deployments of the add-ons, by add-on name.
+	HelmReleases map[string]*helmv2.HelmRelease
+	Deployments  map[string]*appsv1.Deployment
+}
+
+// Condition reasons.
+const (
+	ReasonAvailable         = "Available"
+	ReasonProvisioning      = "Provisioning"
+	ReasonUpgrading         = "Upgrading"
+	ReasonUnavailable       = "Unavailable"
+	ReasonScaling           = "Scaling"
+	ReasonNoNodeGroups      = "NoNodeGroups"
+	ReasonWaitingKubeconfig = "WaitingForKubeconfig"
+	ReasonInstalling        = "Installing"
+	ReasonAddonFailed       = "AddonFailed"
+	ReasonNoAddons          = "NoAddons"
+	ReasonNotReady          = "NotReady"
+	ReasonDeleting          = "Deleting"
+)
+
+// computeStatus derives a TenantCluster's status from its children: the
+// Kamaji control plane and the Cluster's conditions, the
+// MachineDeployments' replica counts, the add-ons' HelmReleases and
+// Deployments. It starts from the current status so that unchanged
+// conditions keep their transition times, and changes nothing the
+// children do not say.
+func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string) v1.TenantClusterStatus {
+	st := *tc.Status.DeepCopy()
+	st.ObservedGeneration = tc.Generation
+	gen := tc.Generation
+	set := func(c metav1.Condition) {
+		c.ObservedGeneration = gen
+		apimeta.SetStatusCondition(&st.Conditions, c)
+	}
+
+	cp := readControlPlane(o.ControlPlane)
+	st.Version = cp.Status
+	if o.Cluster != nil && o.Cluster.Spec.ControlPlaneEndpoint.IsValid() {
+		ep := o.Cluster.Spec.ControlPlaneEndpoint
+		st.Endpoint = fmt.Sprintf("https://%s:%d", ep.Host, ep.Port)
+	}
+	if o.Kubeconfig != "" {
+		st.KubeconfigSecretRef = &corev1.LocalObjectReference{Name: o.Kubeconfig}
+	} else {
+		st.KubeconfigSecretRef = nil
+	}
+
+	// The control plane.
+	cpReady := cp.Ready && cp.Status == tc.Spec.Version
+	switch {
+	case cpReady:
+		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
+			Message: "the control plane runs " + cp.Status})
+	case cp.Status != "" && cp.Status != tc.Spec.Version:
+		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
+			Message: upgradeMessage(cp, v, tc.Spec.Version)})
+	default:
+		reason, msg := ReasonProvisioning, "waiting for the Kamaji control plane to become ready"
+		if cp.Initialized {
+			reason, msg = ReasonUnavailable, "the Kamaji control plane is not ready"
+		}
+		if c := clusterCondition(o.Cluster, clusterv1.ClusterControlPlaneAvailableCondition); c != nil && c.Status != metav1.ConditionTrue && c.Message != "" {
+			msg += ": " + firstLine(c.Message)
+		}
+		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
+	}
+
+	// The workers.
+	var ready, desired int32
+	var behind []string
+	upgrading := false
+	for _, g := range tc.Spec.NodeGroups {
+		md := o.MachineDeployments[g.Name]
+		want := groupDesired(g, md)
+		desired += want
+		if md == nil {
+			behind = append(behind, g.Name+" (not created)")
+			continue
+		}
+		r := ptr.Deref(md.Status.ReadyReplicas, 0)
+		ready += min(r, want)
+		if md.Spec.Template.Spec.Version != tc.Spec.Version {
+			upgrading = true
+			behind = append(behind, fmt.Sprintf("%s (at %s)", g.Name, md.Spec.Template.Spec.Version))
+		} else if r < want || rolling(md) {
+			behind = append(behind, fmt.Sprintf("%s (%d/%d ready)", g.Name, r, want))
+		}
+	}
+	st.ReadyWorkers, st.DesiredWorkers = ready, desired
+	st.Workers = fmt.Sprintf("%d/%d", ready, desired)
+	switch {
+	case len(tc.Spec.NodeGroups) == 0:
+		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonNoNodeGroups, Message: "the cluster has no node groups"})
+	case len(behind) == 0:
+		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
+			Message: fmt.Sprintf("%d/%d workers ready", ready, desired)})
+	case upgrading:
+		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
+			Message: "node groups not yet at " + tc.Spec.Version + ": " + strings.Join(behind, ", ")})
+	default:
+		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonScaling,
+			Message: fmt.Sprintf("%d/%d workers ready; waiting for %s", ready, desired, strings.Join(behind, ", "))})
+	}
+
+	// The add-ons.
+	setAddonsCondition(set, o, addons)
+
+	// Ready and the phase.
+	all := true
+	for _, t := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady, v1.ConditionAddonsReady} {
+		if !apimeta.IsStatusConditionTrue(st.Conditions, t) {
+			all = false
+		}
+	}
+	switch {
+	case all:
+		set(metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable, Message: "the cluster is ready"})
+	default:
+		var not []string
+		for _, t := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady, v1.ConditionAddonsReady} {
+			if c := apimeta.FindStatusCondition(st.Conditions, t); c != nil && c.Status != metav1.ConditionTrue {
+				not = append(not, t+": "+c.Message)
+			}
+		}
+		set(metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotReady, Message: strings.Join(not, "; ")})
+	}
+	switch {
+	case !tc.DeletionTimestamp.IsZero():
+		st.Phase = v1.PhaseDeleting
+	case all:
+		st.Phase = v1.PhaseReady
+	case upgrading || (cp.Status != "" && cp.Status != tc.Spec.Version):
+		st.Phase = v1.PhaseUpgrading
+	case !cp.Initialized || st.Phase == "" || st.Phase == v1.PhaseProvisioning:
+		// Until it has once been ready, a cluster is still being made.
+		st.Phase = v1.PhaseProvisioning
+	default:
+		st.Phase = v1.PhaseDegraded
+	}
+	return st
+}
+
+func upgradeMessage(cp controlPlaneState, v Versions, want string) string {
+	if v.ControlPlane != want {
+		return fmt.Sprintf("the control plane runs %s and waits for the node groups to finish rolling before it moves to %s", cp.Status, want)
+	}
+	return fmt.Sprintf("the control plane is upgrading from %s to %s; node groups follow once it is done", cp.Status, want)
+}
+
+// groupDesired is how many workers a group should have: its replicas,
+// or for an autoscaled group what the autoscaler set (at least min).
+func groupDesired(g v1.NodeGroup, md *clusterv1.MachineDeployment) int32 {
+	if g.MinReplicas == nil {
+		return ptr.Deref(g.Replicas, 1)
+	}
+	if md != nil && md.Spec.Replicas != nil {
+		return max(*md.Spec.Replicas, *g.MinReplicas)
+	}
+	return *g.MinReplicas
+}
+
+func setAddonsCondition(set func(metav1.Condition), o Observed, addons []string) {
+	if len(addons) == 0 {
+		set(metav1.Condition{Type: v1.ConditionAddonsReady, Status: metav1.ConditionTrue, Reason: ReasonNoAddons, Message: "no add-ons are enabled"})
+		return
+	}
+	if o.Kubeconfig == "" {
+		set(metav1.Condition{Type: v1.ConditionAddonsReady, Status: metav1.ConditionFalse, Reason: ReasonWaitingKubeconfig,
+			Message: "add-ons are installed once Cluster API has written the tenant's kubeconfig Secret"})
+		return
+	}
+	var failed, pending []string
+	for _, name := range addons {
+		if hr, ok := o.HelmReleases[name]; ok {
+			c := apimeta.FindStatusCondition(hr.Status.Conditions, "Ready")
+			switch {
+			case c == nil || c.ObservedGeneration < hr.Generation && c.Status == metav1.ConditionTrue:
+				pending = append(pending, name)
+			case c.Status == metav1.ConditionTrue:
+			case c.Status == metav1.ConditionFalse && c.Reason != "Progressing":
+				failed = append(failed, name+": "+firstLine(c.Message))
+			default:
+				pending = append(pending, name)
+			}
+			continue
+		}
+		if d, ok := o.Deployments[name]; ok {
+			if !deploymentAvailable(d) {
+				pending = append(pending, name)
+			}
+			continue
+		}
+		pending = append(pending, name+" (not created)")
+	}
+	switch {
+	case len(failed) > 0:
+		set(metav1.Condition{Type: v1.ConditionAddonsReady, Status: metav1.ConditionFalse, Reason: ReasonAddonFailed, Message: strings.Join(failed, "; ")})
+	case len(pending) > 0:
+		set(metav1.Condition{Type: v1.ConditionAddonsReady, Status: metav1.ConditionFalse, Reason: ReasonInstalling, Message: "waiting for " + strings.Join(pending, ", ")})
+	default:
+		set(metav1.Condition{Type: v1.ConditionAddonsReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
+			Message: "add-ons ready: " + strings.Join(slices.Sorted(slices.Values(addons)), ", ")})
+	}
+}
+
+func deploymentAvailable(d *appsv1.Deployment) bool {
+	if d.Status.ObservedGeneration < d.Generation {
+		return false
+	}
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentAvailable {
+			return c.Status == corev1.ConditionTrue && d.Status.UpdatedReplicas == ptr.Deref(d.Spec.Replicas, 1)
+		}
+	}
+	return false
+}
+
+func clusterCondition(cl *clusterv1.Cluster, t string) *metav1.Condition {
+	if cl == nil {
+		return nil
+	}
+	return apimeta.FindStatusCondition(cl.Status.Conditions, t)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
