@@ -14,9 +14,9 @@ import (
 	"cozy.dev/cozy/internal/testenv"
 )
 
-// TestServerAcceptsChildren creates every child against a real
-// kube-apiserver with the Cluster API, CAPK and Kamaji CRDs from their
-// modules, with strict field validation: a field the providers do not
+// TestServerAcceptsChildren creates every child and add-on against a
+// real kube-apiserver with the Cluster API, CAPK, Kamaji and Flux CRDs
+// from their modules, with strict field validation: a field the providers do not
 // know is an error, not a silent drop.
 func TestServerAcceptsChildren(t *testing.T) {
 	env := testenv.Start(t, testenv.Options{})
@@ -31,7 +31,11 @@ func TestServerAcceptsChildren(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, u := range c.All() {
+	addons, err := DesiredAddons(tc, DefaultAddonConfig(), "api.acme.example.com", 443)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range append(c.All(), addons...) {
 		u = u.DeepCopy()
 		// The owner does not exist in this API server; the garbage
 		// collector is not running either.
