@@ -283,7 +283,10 @@ func controllerObjects(tc *v1.TenantCluster, addon string, rules []rbacv1.Policy
 func clusterAutoscaler(tc *v1.TenantCluster, cfg AddonConfig) []*unstructured.Unstructured {
 	vol, mount := tenantKubeconfigVolume(tc)
 	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{"cluster.x-k8s.io"}, Resources: []string{"machinedeployments", "machinedeployments/scale", "machinesets", "machines", "machinepools", "machinepools/scale"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
+		{APIGroups: []string{"cluster.x-k8s.io"}, Resources: []string{"machinedeployments", "machinesets", "machinepools"}, Verbs: []string{"get", "list", "watch"}},
+		// Scaling, and marking the machine to remove on a scale-down.
+		{APIGroups: []string{"cluster.x-k8s.io"}, Resources: []string{"machinedeployments/scale", "machinepools/scale"}, Verbs: []string{"get", "update", "patch"}},
+		{APIGroups: []string{"cluster.x-k8s.io"}, Resources: []string{"machines"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
 		{APIGroups: []string{capkGroup}, Resources: []string{"kubevirtmachinetemplates"}, Verbs: []string{"get", "list", "watch"}},
 	}
 	pod := corev1.PodSpec{

@@ -66,6 +66,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.Client.Get(ctx, req.NamespacedName, tc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	res, err = r.reconcile(ctx, tc)
+	if err != nil && !apierrors.IsConflict(err) {
+		// A conflict is a stale cache and retried at once; anything else
+		// is for the people who own the TenantCluster to see.
+		r.event(tc, corev1.EventTypeWarning, "ReconcileFailed", "Reconcile", "%v", err)
+	}
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.Result, error) {
 	if !tc.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, tc)
 	}

@@ -5,6 +5,7 @@ package tenantcluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,13 +14,16 @@ import (
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -27,11 +31,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/internal/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/platform/render"
 )
 
 // operatorEnv is a real kube-apiserver with the upstream CRDs and ours,
@@ -51,7 +58,9 @@ func startOperator(t *testing.T) *operatorEnv {
 		Scheme:   scheme,
 		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
 	})
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	// Reconcile errors go to stderr, which go test shows for a failure.
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	mgr, err := ctrl.NewManager(asOperator(t, env), ctrl.Options{
 		Scheme:                 scheme,
 		Cache:                  CacheOptions(),
 		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
@@ -77,6 +86,48 @@ func startOperator(t *testing.T) *operatorEnv {
 		}
 	})
 	return &operatorEnv{env: env, c: env.Client}
+}
+
+// asOperator returns a config that acts as the operator's
+// ServiceAccount, bound to the ClusterRole of the cozy-operator chart as
+// Helm renders it: every test then also proves the chart grants what the
+// operator needs (RBAC escalation checks included: it creates Roles).
+func asOperator(t *testing.T, env *testenv.Env) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	c, err := render.LoadChart(charts.CozyOperator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := render.Chart(c, nil, "cozy-operator", "cozy-system", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cozy-system"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"serviceaccount.yaml", "rbac.yaml"} {
+		docs, err := render.Decode([]byte(files[f]))
+		if err != nil || len(docs) == 0 {
+			t.Fatalf("chart template %s: %v (%d documents)", f, err, len(docs))
+		}
+		for _, d := range docs {
+			if err := env.Client.Create(ctx, d); err != nil {
+				t.Fatalf("%s %s: %v", d.GetKind(), d.GetName(), err)
+			}
+		}
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:cozy-system:cozy-operator"}
+	// The API server enforces RBAC: what the chart does not grant fails.
+	sa, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "not-granted"}}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the operator's ServiceAccount created a Namespace (%v): RBAC is not enforced", err)
+	}
+	return cfg
 }
 
 // create makes the namespace and the TenantCluster of the fixture, with
@@ -163,7 +214,7 @@ func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.Ten
 		slices.Sort(names)
 		slices.Sort(have)
 		if !slices.Equal(names, have) {
-			return fmt.Errorf("children\n have %v\n want %v", have, names)
+			return fmt.Errorf("children\n have %v\n want %v\n warnings: %v", have, names, e.warnings(ctx, tc))
 		}
 		for _, u := range want.All() {
 			g := got[u.GetKind()+"/"+u.GetName()]
@@ -181,6 +232,21 @@ func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.Ten
 		return nil
 	})
 	return got
+}
+
+// warnings are the operator's Warning Events on the TenantCluster.
+func (e *operatorEnv) warnings(ctx context.Context, tc *v1.TenantCluster) []string {
+	var l eventsv1.EventList
+	if err := e.c.List(ctx, &l, client.InNamespace(tc.Namespace)); err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, ev := range l.Items {
+		if ev.Type == corev1.EventTypeWarning && ev.Regarding.Name == tc.Name {
+			out = append(out, ev.Reason+": "+ev.Note)
+		}
+	}
+	return out
 }
 
 func condition(tc *v1.TenantCluster, typ string) string {
