@@ -1,8 +1,8 @@
 # Cozy's build. `make help` lists the targets.
 #
 # Tools built for tests (envtest's kube-apiserver and etcd, Flux's
-# controllers, staticcheck) are cached outside the clone, in
-# $(COZY_CACHE_DIR), keyed by version.
+# controllers, Cluster API's core manager, staticcheck) are cached outside
+# the clone, in $(COZY_CACHE_DIR), keyed by version.
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
@@ -40,13 +40,17 @@ envtest: ## Build (once, cached) the kube-apiserver and etcd used by integration
 flux: ## Build (once, cached) Flux's source, kustomize and helm controllers for the platform's reconcile test
 	hack/flux-controllers.sh >/dev/null
 
+.PHONY: capi
+capi: ## Build (once, cached) the Cluster API core manager for the tenant operator's integration test
+	hack/capi-controllers.sh >/dev/null
+
 .PHONY: unit
 unit: ## Unit tests: fast, no root, no API server
 	$(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: test
-test: envtest flux ## Unit and integration tests: real kube-apiserver + etcd, Flux controllers, network namespaces, QEMU netboot (root)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
+test: envtest flux capi ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, network namespaces, QEMU netboot (root)
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
 		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab
