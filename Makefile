@@ -24,8 +24,9 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build bin/cozyctl and bin/cozy-talos-node (static, stripped: the lab's node image carries it)
+build: ## Build bin/cozyctl, bin/cozy-operator and bin/cozy-talos-node (static, stripped: the lab's node image carries it)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozyctl ./cmd/cozyctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozy-operator ./cmd/cozy-operator
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
 
 .PHONY: deps
@@ -67,7 +68,7 @@ lab-test: build envtest ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted a
 bench: build envtest ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)
 	hack/install-deps.sh bench
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" \
-		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ | grep -v -e '^=== RUN' -e '^--- PASS'
+		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ ./operators/tenantcluster/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO) test -tags 'integration lab bench' -count=1 -timeout 60m -run 'TestBenchLab' -v ./lab/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...

@@ -9,9 +9,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -112,15 +114,9 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	desired = append(desired, addons...)
 
 	r.announceUpgrade(tc, cp, versions, o)
-	created := 0
-	for _, u := range desired {
-		did, err := r.apply(ctx, u, existing)
-		if err != nil {
-			return ctrl.Result{}, fmt.Errorf("apply %s %s: %w", u.GetKind(), u.GetName(), err)
-		}
-		if did && existing[keyOf(u)] == nil {
-			created++
-		}
+	created, err := r.applyAll(ctx, desired, existing)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	if created > 0 {
 		r.event(tc, corev1.EventTypeNormal, "Created", "Apply", "created %d objects", created)
@@ -128,7 +124,51 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	if err := r.prune(ctx, tc, desired, existing, keepAddons); err != nil {
 		return ctrl.Result{}, err
 	}
+	if created > 0 {
+		// The cache has not seen the new children yet, so a status now
+		// would be stale and written twice; their watch events bring the
+		// TenantCluster back.
+		return ctrl.Result{}, nil
+	}
 	return ctrl.Result{}, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc)))
+}
+
+// applyParallelism bounds the applies one reconcile has in flight. The
+// API server does not check references between Cluster API objects, so
+// their order does not matter, and a new cluster's dozen objects cost a
+// round trip or two instead of twelve.
+const applyParallelism = 6
+
+// applyAll applies the children and counts those that did not exist.
+// Roles go first: the API server checks a RoleBinding against the Role
+// it grants (RBAC escalation rules), so the Role must exist.
+func (r *Reconciler) applyAll(ctx context.Context, desired []*unstructured.Unstructured, existing map[objectKey]client.Object) (int, error) {
+	var created atomic.Int32
+	for _, wave := range [][]*unstructured.Unstructured{
+		slices.DeleteFunc(slices.Clone(desired), func(u *unstructured.Unstructured) bool { return u.GetKind() != "Role" }),
+		slices.DeleteFunc(slices.Clone(desired), func(u *unstructured.Unstructured) bool { return u.GetKind() == "Role" }),
+	} {
+		// No shared cancellation: one failed apply must not stop the
+		// others, or a pair that fails together would fail forever.
+		var g errgroup.Group
+		g.SetLimit(applyParallelism)
+		for _, u := range wave {
+			g.Go(func() error {
+				did, err := r.apply(ctx, u, existing)
+				if err != nil {
+					return fmt.Errorf("apply %s %s: %w", u.GetKind(), u.GetName(), err)
+				}
+				if did && existing[keyOf(u)] == nil {
+					created.Add(1)
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return int(created.Load()), err
+		}
+	}
+	return int(created.Load()), nil
 }
 
 // desiredAddons are the add-ons' objects once the tenant has an API
@@ -423,7 +463,8 @@ func (r *Reconciler) updateStatus(ctx context.Context, tc *v1.TenantCluster, st 
 		return fmt.Errorf("update status: %w", err)
 	}
 	countWrite("status", "TenantCluster")
-	if old != st.Phase && st.Phase != "" {
+	// The first phase is no news: the Created event says it.
+	if old != st.Phase && old != "" {
 		r.event(tc, corev1.EventTypeNormal, string(st.Phase), "Status", "phase %s", phaseChange(old, st.Phase))
 	}
 	return nil

@@ -2,6 +2,7 @@ package tenantcluster
 
 import (
 	"context"
+	"maps"
 	"strings"
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
@@ -21,7 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
@@ -65,6 +68,18 @@ func CacheOptions() cache.Options {
 	}
 }
 
+// tenantClusterChanged passes the updates the controller acts on: a new
+// spec (generation), a deletion, labels or annotations. Its own status
+// and finalizer writes come back as updates that change none of these.
+var tenantClusterChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld, e.ObjectNew
+		return o.GetGeneration() != n.GetGeneration() ||
+			o.GetDeletionTimestamp().IsZero() != n.GetDeletionTimestamp().IsZero() ||
+			!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+	},
+}
+
 // SetupWithManager registers the controller: it watches TenantClusters
 // and, to react when they change, its children, the kubeconfig Secrets
 // and the MachineSets (which hold old templates).
@@ -74,7 +89,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("tenantcluster").
-		For(&v1.TenantCluster{}).
+		For(&v1.TenantCluster{}, builder.WithPredicates(tenantClusterChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency})
 	for _, k := range childKinds {
 		switch k.Read {
