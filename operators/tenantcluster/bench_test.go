@@ -52,14 +52,7 @@ func benchTenantCluster(i int) *v1.TenantCluster {
 }
 
 func benchEnv(t *testing.T) (*testenv.Env, *rest.Config) {
-	scheme, err := Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := testenv.Start(t, testenv.Options{
-		Scheme:   scheme,
-		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
-	})
+	env, scheme := startAPIServer(t)
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = benchQPS, benchQPS
 	c, err := client.New(cfg, client.Options{Scheme: scheme})

@@ -20,9 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,7 +28,6 @@ import (
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/testenv"
-	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 
 // TestClusterAPIControllersAcceptChildren runs the real Cluster API core
@@ -48,16 +45,7 @@ import (
 func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	manager := testenv.CAPIManager(t)
 	netns := netnstest.New(t, "capi")
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1.AddToScheme, clusterv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	env := testenv.Start(t, testenv.Options{
-		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
-		Scheme:   scheme,
-	})
+	env, _ := startAPIServer(t)
 	apiURL, err := url.Parse(env.Config.Host)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -48,16 +49,24 @@ type operatorEnv struct {
 	c   client.Client
 }
 
-func startOperator(t *testing.T) *operatorEnv {
+// startAPIServer is a real kube-apiserver with the upstream CRDs and
+// our TenantCluster CRD as the chart ships it, and a client that knows
+// the operator's types.
+func startAPIServer(t *testing.T) (*testenv.Env, *runtime.Scheme) {
 	t.Helper()
 	scheme, err := Scheme()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := testenv.Start(t, testenv.Options{
+	return testenv.Start(t, testenv.Options{
 		Scheme:   scheme,
 		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
-	})
+	}), scheme
+}
+
+func startOperator(t *testing.T) *operatorEnv {
+	t.Helper()
+	env, scheme := startAPIServer(t)
 	// Reconcile errors go to stderr, which go test shows for a failure.
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	mgr, err := ctrl.NewManager(asOperator(t, env), ctrl.Options{
