@@ -100,15 +100,15 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	}
 	cp := readControlPlane(o.ControlPlane)
 	versions := plan(tc.Spec.Version, cp, o.MachineDeployments)
+	// The CRD's validation makes build errors unreachable; if one gets
+	// through, retrying will not help (ReconcileFailed says why).
 	children, err := DesiredAt(tc, versions)
 	if err != nil {
-		r.event(tc, corev1.EventTypeWarning, "InvalidSpec", "Build", "%v", err)
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
 	desired := children.All()
 	addons, keepAddons, err := r.desiredAddons(tc, o)
 	if err != nil {
-		r.event(tc, corev1.EventTypeWarning, "InvalidSpec", "Build", "%v", err)
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
 	desired = append(desired, addons...)
@@ -341,7 +341,7 @@ func (r *Reconciler) apply(ctx context.Context, u *unstructured.Unstructured, ex
 	u.SetAnnotations(ann)
 
 	key := keyOf(u)
-	cacheKey := u.GetNamespace() + "/" + u.GetName() + "/" + key.GVK.String()
+	cacheKey := appliedKey(u.GetNamespace(), key)
 	if cur := existing[key]; cur != nil && cur.GetAnnotations()[AnnotationAppliedHash] == hash {
 		gen, seen := r.applied.Load(cacheKey)
 		if !seen || gen.(int64) == cur.GetGeneration() {
@@ -354,6 +354,11 @@ func (r *Reconciler) apply(ctx context.Context, u *unstructured.Unstructured, ex
 	countWrite("apply", key.GVK.Kind)
 	r.applied.Store(cacheKey, u.GetGeneration())
 	return true, nil
+}
+
+// appliedKey names a child in Reconciler.applied.
+func appliedKey(namespace string, key objectKey) string {
+	return namespace + "/" + key.Name + "/" + key.GVK.String()
 }
 
 // hashObject hashes what the operator means to apply.
@@ -445,6 +450,7 @@ func (r *Reconciler) delete(ctx context.Context, obj client.Object, gvk schema.G
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
+	r.applied.Delete(appliedKey(obj.GetNamespace(), objectKey{GVK: gvk, Name: obj.GetName()}))
 	countWrite("delete", gvk.Kind)
 	return nil
 }
