@@ -29,62 +29,92 @@ func main() {
 	}
 }
 
-func run(args []string) error {
+// options are the operator's flags, parsed and checked.
+type options struct {
+	leaderElect   bool
+	leaderNS      string
+	metricsAddr   string
+	metricsSecure bool
+	probeAddr     string
+	logLevel      zapcore.Level
+	concurrency   int
+	qps           float64
+	burst         int
+	kubeconfig    string
+	showVersion   bool
+	addons        tenantcluster.AddonConfig
+}
+
+// parse reads the flags (the chart's Deployment passes them; a test
+// keeps the two in step).
+func parse(args []string) (*options, error) {
+	o := &options{addons: tenantcluster.DefaultAddonConfig()}
 	fs := flag.NewFlagSet("cozy-operator", flag.ContinueOnError)
-	var (
-		leaderElect   = fs.Bool("leader-elect", false, "elect a leader among replicas (a Lease); only the leader reconciles")
-		leaderNS      = fs.String("leader-election-namespace", "", "namespace of the leader Lease (default: the pod's namespace)")
-		metricsAddr   = fs.String("metrics-bind-address", ":8443", `address of /metrics ("0" turns it off)`)
-		metricsSecure = fs.Bool("metrics-secure", true, "serve /metrics over HTTPS to authenticated, authorized clients only")
-		probeAddr     = fs.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" turns them off)`)
-		logLevel      = fs.String("log-level", "info", "debug, info or error")
-		concurrency   = fs.Int("concurrency", 8, "TenantClusters reconciled at once")
-		qps           = fs.Float64("kube-api-qps", 100, "API requests per second the operator may send")
-		burst         = fs.Int("kube-api-burst", 200, "burst of API requests above --kube-api-qps")
-		kubeconfig    = fs.String("kubeconfig", "", "kubeconfig of the management cluster (default: in-cluster, or $KUBECONFIG)")
-		chartSource   = fs.String("addon-charts", "", "HelmRepository NAMESPACE/NAME serving the add-on charts (default cozy-system/cozy-addons)")
-		showVersion   = fs.Bool("version", false, "print the version and exit")
-	)
-	addons := tenantcluster.DefaultAddonConfig()
-	fs.StringVar(&addons.ClusterAutoscalerImage, "cluster-autoscaler-image", addons.ClusterAutoscalerImage, "image of the tenants' cluster-autoscaler")
-	fs.StringVar(&addons.CCMImage, "kubevirt-ccm-image", addons.CCMImage, "image of the tenants' KubeVirt cloud-controller-manager")
-	fs.StringVar(&addons.CSIDriverImage, "kubevirt-csi-driver-image", addons.CSIDriverImage, "image of the tenants' KubeVirt CSI controller")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader among replicas (a Lease); only the leader reconciles")
+	fs.StringVar(&o.leaderNS, "leader-election-namespace", "", "namespace of the leader Lease (default: the pod's namespace)")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `address of /metrics ("0" turns it off)`)
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve /metrics over HTTPS to authenticated, authorized clients only")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" turns them off)`)
+	logLevel := fs.String("log-level", "info", "debug, info or error")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "TenantClusters reconciled at once")
+	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API requests per second the operator may send")
+	fs.IntVar(&o.burst, "kube-api-burst", 200, "burst of API requests above --kube-api-qps")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster (default: in-cluster, or $KUBECONFIG)")
+	chartSource := fs.String("addon-charts", "", "HelmRepository NAMESPACE/NAME serving the add-on charts (default cozy-system/cozy-addons)")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.addons.ClusterAutoscalerImage, "cluster-autoscaler-image", o.addons.ClusterAutoscalerImage, "image of the tenants' cluster-autoscaler")
+	fs.StringVar(&o.addons.CCMImage, "kubevirt-ccm-image", o.addons.CCMImage, "image of the tenants' KubeVirt cloud-controller-manager")
+	fs.StringVar(&o.addons.CSIDriverImage, "kubevirt-csi-driver-image", o.addons.CSIDriverImage, "image of the tenants' KubeVirt CSI controller")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
-	if *showVersion {
-		fmt.Println(version.Version, version.Commit)
-		return nil
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *chartSource != "" {
 		ns, name, ok := strings.Cut(*chartSource, "/")
 		if !ok || ns == "" || name == "" {
-			return fmt.Errorf("--addon-charts %q: want NAMESPACE/NAME of a HelmRepository", *chartSource)
+			return nil, fmt.Errorf("--addon-charts %q: want NAMESPACE/NAME of a HelmRepository", *chartSource)
 		}
-		addons.ChartSource.Namespace, addons.ChartSource.Name = ns, name
+		o.addons.ChartSource.Namespace, o.addons.ChartSource.Name = ns, name
 	}
-	level, err := zapcore.ParseLevel(*logLevel)
-	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if o.concurrency < 1 {
+		return nil, fmt.Errorf("--concurrency %d: want at least 1", o.concurrency)
 	}
-	ctrl.SetLogger(zap.New(zap.Level(level)))
+	var err error
+	if o.logLevel, err = zapcore.ParseLevel(*logLevel); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return o, nil
+}
 
-	if *kubeconfig != "" {
-		os.Setenv("KUBECONFIG", *kubeconfig)
+func run(args []string) error {
+	o, err := parse(args)
+	if err != nil {
+		return err
+	}
+	if o.showVersion {
+		fmt.Println(version.Version, version.Commit)
+		return nil
+	}
+	ctrl.SetLogger(zap.New(zap.Level(o.logLevel)))
+
+	if o.kubeconfig != "" {
+		os.Setenv("KUBECONFIG", o.kubeconfig)
 	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return err
 	}
-	cfg.QPS, cfg.Burst = float32(*qps), *burst
+	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	cfg.UserAgent = "cozy-operator/" + version.Version
 
 	scheme, err := tenantcluster.Scheme()
 	if err != nil {
 		return err
 	}
-	metrics := metricsserver.Options{BindAddress: *metricsAddr, SecureServing: *metricsSecure}
-	if *metricsSecure {
+	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	if o.metricsSecure {
 		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -92,10 +122,10 @@ func run(args []string) error {
 		Cache:                   tenantcluster.CacheOptions(),
 		Client:                  client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Metrics:                 metrics,
-		HealthProbeBindAddress:  *probeAddr,
-		LeaderElection:          *leaderElect,
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "cozy-operator.tenancy.cozy.dev",
-		LeaderElectionNamespace: *leaderNS,
+		LeaderElectionNamespace: o.leaderNS,
 		// The Lease is given up on a clean stop, so a successor does not
 		// wait out its duration.
 		LeaderElectionReleaseOnCancel: true,
@@ -103,8 +133,8 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: addons}
-	if err := r.SetupWithManager(mgr, *concurrency); err != nil {
+	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons}
+	if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -118,6 +148,6 @@ func run(args []string) error {
 	}); err != nil {
 		return err
 	}
-	ctrl.Log.Info("starting", "version", version.Version, "concurrency", *concurrency)
+	ctrl.Log.Info("starting", "version", version.Version, "concurrency", o.concurrency)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -90,6 +90,8 @@ func TestOperatorSchemaRejects(t *testing.T) {
 		{"image with tag in repository", map[string]any{"image": map[string]any{"repository": "Ghcr.io/Cozy"}}, []string{"/image/repository"}},
 		{"several replicas without leader election", map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, []string{"at '/replicas': maximum: got 2, want 1"}},
 		{"misspelt field", map[string]any{"replica": 2}, []string{"additional properties 'replica' not allowed"}},
+		{"add-on charts without a namespace", map[string]any{"addons": map[string]any{"chartSource": "cozy-addons"}}, []string{"/addons/chartSource"}},
+		{"unknown add-on image", map[string]any{"addons": map[string]any{"images": map[string]any{"cilium": "x"}}}, []string{"additional properties 'cilium' not allowed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")
