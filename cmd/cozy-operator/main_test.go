@@ -7,7 +7,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/platform/render"
 )
 
@@ -15,11 +14,7 @@ import (
 // manager container's arguments.
 func chartArgs(t *testing.T, values map[string]any) []string {
 	t.Helper()
-	c, err := render.LoadChart(charts.CozyOperator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := render.Chart(c, values, "cozy-operator", "cozy-system", "")
+	files, err := render.Operator(values)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/internal/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/platform/render"
@@ -104,11 +103,7 @@ func startOperator(t *testing.T) *operatorEnv {
 func asOperator(t *testing.T, env *testenv.Env) *rest.Config {
 	t.Helper()
 	ctx := context.Background()
-	c, err := render.LoadChart(charts.CozyOperator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := render.Chart(c, nil, "cozy-operator", "cozy-system", "")
+	files, err := render.Operator(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,6 +96,17 @@ func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersio
 	return files, nil
 }
 
+// Operator renders the cozy-operator chart as the platform installs it:
+// release cozy-operator in the cozy-system namespace. Files are keyed by
+// their path under templates/.
+func Operator(values map[string]any) (map[string]string, error) {
+	c, err := LoadChart(charts.CozyOperator)
+	if err != nil {
+		return nil, err
+	}
+	return Chart(c, values, "cozy-operator", "cozy-system", "")
+}
+
 // SchemaError is values that the chart's values.schema.json rejects.
 type SchemaError struct {
 	Chart string

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/platform/render"
 )
@@ -69,11 +68,7 @@ func TestServerAcceptsLayout(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The operator chart as Flux will install it.
-			c, err := render.LoadChart(charts.CozyOperator)
-			if err != nil {
-				t.Fatal(err)
-			}
-			files, err := render.Chart(c, nil, "cozy-operator", "cozy-system", "")
+			files, err := render.Operator(nil)
 			if err != nil {
 				t.Fatal(err)
 			}

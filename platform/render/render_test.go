@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/bootstrap/rack"
-	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/platform/render"
 )
@@ -141,11 +140,7 @@ func TestGolden(t *testing.T) {
 	}
 
 	t.Run("cozy-operator.yaml", func(t *testing.T) {
-		c, err := render.LoadChart(charts.CozyOperator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files, err := render.Chart(c, nil, "cozy-operator", "cozy-system", "")
+		files, err := render.Operator(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
