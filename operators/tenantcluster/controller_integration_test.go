@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,12 +69,26 @@ func startOperator(t *testing.T) *operatorEnv {
 	env, scheme := startAPIServer(t)
 	// Reconcile errors go to stderr, which go test shows for a failure.
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	mgr, err := ctrl.NewManager(asOperator(t, env), ctrl.Options{
-		Scheme:                 scheme,
-		Cache:                  CacheOptions(),
-		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
+	mgr := newManager(t, asOperator(t, env), scheme, false)
+	stop := run(t, mgr)
+	t.Cleanup(stop)
+	return &operatorEnv{env: env, c: env.Client}
+}
+
+// newManager is the operator's manager as cmd/cozy-operator builds it,
+// with or without leader election (a Lease in cozy-system).
+func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool) ctrl.Manager {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Cache:                         CacheOptions(),
+		Client:                        client.Options{Cache: &client.CacheOptions{Unstructured: true}},
+		Metrics:                       metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:        "0",
+		LeaderElection:                leaderElect,
+		LeaderElectionID:              "cozy-operator.tenancy.cozy.dev",
+		LeaderElectionNamespace:       "cozy-system",
+		LeaderElectionReleaseOnCancel: true,
 		// Several managers run in one test binary.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
@@ -84,16 +99,24 @@ func startOperator(t *testing.T) *operatorEnv {
 	if err := r.SetupWithManager(mgr, 4); err != nil {
 		t.Fatal(err)
 	}
+	return mgr
+}
+
+// run starts a manager; the function it returns stops it and reports
+// its error.
+func run(t *testing.T, mgr ctrl.Manager) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	return &operatorEnv{env: env, c: env.Client}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
 }
 
 // asOperator returns a config that acts as the operator's
@@ -764,4 +787,51 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestOperatorLeaderElection: of two operators with leader election
+// (as the chart runs them), only the one holding the Lease acts; when it
+// stops, it releases the Lease and the other takes over.
+func TestOperatorLeaderElection(t *testing.T) {
+	env, scheme := startAPIServer(t)
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	cfg := asOperator(t, env)
+	e := &operatorEnv{env: env, c: env.Client}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	first := newManager(t, cfg, scheme, true)
+	stopFirst := run(t, first)
+	t.Cleanup(stopFirst)
+	select {
+	case <-first.Elected():
+	case <-ctx.Done():
+		t.Fatal("the first operator was never elected")
+	}
+	second := newManager(t, cfg, scheme, true)
+	t.Cleanup(run(t, second))
+
+	tc := e.create(t, ctx, nil)
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+	select {
+	case <-second.Elected():
+		t.Fatal("two operators lead at once")
+	case <-time.After(2 * time.Second):
+	}
+
+	stopFirst()
+	select {
+	case <-second.Elected():
+	case <-ctx.Done():
+		t.Fatal("the second operator never took over the released Lease")
+	}
+	// The new leader acts: a deleted child comes back.
+	hc := &metav1.PartialObjectMetadata{}
+	hc.SetGroupVersionKind(gvkMachineHealth)
+	hc.SetNamespace(tc.Namespace)
+	hc.SetName(tc.Name + "-md0")
+	if err := e.c.Delete(ctx, hc); err != nil {
+		t.Fatal(err)
+	}
+	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
 }
