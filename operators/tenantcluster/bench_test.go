@@ -287,16 +287,10 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 		}
 		logFile.Close()
 		if t.Failed() {
-			data, _ := os.ReadFile(logFile.Name())
-			t.Logf("operator log (tail):\n%s", tail(string(data), 40))
+			t.Logf("operator log (tail):\n%s", fileTail(logFile.Name(), 40))
 		}
 	})
 	return &operatorProcess{cmd: cmd, metrics: "http://" + addr + "/metrics"}
-}
-
-func tail(s string, lines int) string {
-	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
 }
 
 // writes is every write request the operator's client sent, from

@@ -5,6 +5,7 @@ package tenantcluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -339,19 +340,13 @@ func yamlOf(v any) string {
 	return string(b)
 }
 
-// pollUntil retries check until it holds or ctx ends; last says what it saw.
+// pollUntil is poll for checks that say what they last saw.
 func pollUntil(t *testing.T, ctx context.Context, what string, check func() (ok bool, last string)) {
 	t.Helper()
-	var last string
-	for {
-		var ok bool
-		if ok, last = check(); ok {
-			return
+	poll(t, ctx, "waiting for "+what, 250*time.Millisecond, func() error {
+		if ok, last := check(); !ok {
+			return errors.New("last: " + last)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v; last: %s", what, context.Cause(ctx), last)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -361,11 +362,10 @@ func appliedKey(namespace string, key objectKey) string {
 	return namespace + "/" + key.Name + "/" + key.GVK.String()
 }
 
-// hashObject hashes what the operator means to apply.
+// hashObject hashes what the operator means to apply. The builders never
+// set the hash annotation, and apply hashes before it adds it.
 func hashObject(u *unstructured.Unstructured) string {
-	c := u.DeepCopy()
-	unstructured.RemoveNestedField(c.Object, "metadata", "annotations", AnnotationAppliedHash)
-	data, err := json.Marshal(c.Object)
+	data, err := json.Marshal(u.Object)
 	if err != nil {
 		panic(err) // built from our own types
 	}
@@ -446,7 +446,7 @@ func (r *Reconciler) delete(ctx context.Context, obj client.Object, gvk schema.G
 	pm.SetGroupVersionKind(gvk)
 	pm.SetNamespace(obj.GetNamespace())
 	pm.SetName(obj.GetName())
-	err := r.Client.Delete(ctx, pm, client.Preconditions{UID: ptrTo(obj.GetUID())}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	err := r.Client.Delete(ctx, pm, client.Preconditions{UID: ptr.To(obj.GetUID())}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
@@ -454,8 +454,6 @@ func (r *Reconciler) delete(ctx context.Context, obj client.Object, gvk schema.G
 	countWrite("delete", gvk.Kind)
 	return nil
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // updateStatus writes the status if it changed.
 func (r *Reconciler) updateStatus(ctx context.Context, tc *v1.TenantCluster, st v1.TenantClusterStatus) error {

@@ -179,16 +179,25 @@ func (e *operatorEnv) create(t *testing.T, ctx context.Context, mutate func(*v1.
 // after a deadline generous enough for a loaded CI machine.
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	poll(t, ctx, what, 100*time.Millisecond, f)
+}
+
+// poll calls f every interval until it returns nil; when ctx ends first
+// it fails with ctx's cause and f's last error.
+func poll(t *testing.T, ctx context.Context, what string, interval time.Duration, f func() error) {
+	t.Helper()
 	for {
 		err := f()
 		if err == nil {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %v (%v)", what, err, context.Cause(ctx))
+		case <-time.After(interval):
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
