@@ -36,6 +36,7 @@ type options struct {
 	metricsAddr   string
 	metricsSecure bool
 	probeAddr     string
+	pprofAddr     string
 	logLevel      zapcore.Level
 	concurrency   int
 	qps           float64
@@ -55,6 +56,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", `address of /metrics ("0" turns it off)`)
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve /metrics over HTTPS to authenticated, authorized clients only")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" turns them off)`)
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", `address of Go's /debug/pprof, for profiling (default off; never expose it)`)
 	logLevel := fs.String("log-level", "info", "debug, info or error")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "TenantClusters reconciled at once")
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API requests per second the operator may send")
@@ -123,6 +125,7 @@ func run(args []string) error {
 		Client:                  client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "cozy-operator.tenancy.cozy.dev",
 		LeaderElectionNamespace: o.leaderNS,

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -53,6 +55,9 @@ func benchTenantCluster(i int) *v1.TenantCluster {
 
 func benchEnv(t *testing.T) (*testenv.Env, *rest.Config) {
 	env, scheme := startAPIServer(t)
+	// As the platform installs it: TenantClusters get their finalizer
+	// from the API server.
+	installFinalizerPolicy(t, env)
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = benchQPS, benchQPS
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -112,6 +117,7 @@ func TestBenchOperator(t *testing.T) {
 	// The peer: a plain client.
 	env, _ := benchEnv(t)
 	cpu0 := childrenCPU(t)
+	profileAPIServer(t, env, "plain")
 	start := time.Now()
 	err = parallel(benchClusters, func(i int) error {
 		tc := benchTenantCluster(i)
@@ -141,13 +147,15 @@ func TestBenchOperator(t *testing.T) {
 	op := startOperatorProcess(t, env)
 	cpu0 = childrenCPU(t)
 	opCPU0 := processCPU(t, op.cmd.Process.Pid)
+	profileAPIServer(t, env, "operator")
+	profileOperator(t, op)
 	start = time.Now()
 	if err := parallel(benchClusters, func(i int) error { return env.Client.Create(ctx, benchTenantCluster(i)) }); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Since(start)
 	for {
-		n, err := countChildren(ctx, cfg, kinds)
+		n, err := countChildren(ctx, cfg, kinds, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,6 +168,9 @@ func TestBenchOperator(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	operator := time.Since(start)
+	if n, err := countChildren(ctx, cfg, kinds, true); err != nil || n != benchClusters*perCluster {
+		t.Fatalf("listing every child found %d, want %d (%v)", n, benchClusters*perCluster, err)
+	}
 	t.Logf("operator: %d TenantClusters created in %v, all %d children existed after %v; CPU of kube-apiserver+etcd %v, of the operator %v",
 		benchClusters, created.Round(time.Millisecond), benchClusters*perCluster, operator.Round(time.Millisecond),
 		(childrenCPU(t) - cpu0 - (processCPU(t, op.cmd.Process.Pid) - opCPU0)).Round(time.Second), (processCPU(t, op.cmd.Process.Pid) - opCPU0).Round(time.Second))
@@ -179,6 +190,69 @@ func TestBenchOperator(t *testing.T) {
 	if idle != 0 {
 		t.Errorf("the operator wrote %d times in a minute after converging", idle)
 	}
+}
+
+// profileSeconds is how long a profile taken during the bench lasts:
+// most of a phase.
+const profileSeconds = "40"
+
+// profileAPIServer saves a CPU profile of the API server's next 40
+// seconds as $COZY_BENCH_PROFILE/apiserver-NAME.pprof, when that
+// variable names a directory: where the server's time goes, for
+// "go tool pprof".
+func profileAPIServer(t *testing.T, env *testenv.Env, name string) {
+	dir := os.Getenv("COZY_BENCH_PROFILE")
+	if dir == "" {
+		return
+	}
+	c, err := rest.UnversionedRESTClientFor(withCodecs(env.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go saveProfile(t, filepath.Join(dir, "apiserver-"+name+".pprof"), func() ([]byte, error) {
+		return c.Get().AbsPath("/debug/pprof/profile").Param("seconds", profileSeconds).Timeout(time.Minute).DoRaw(context.Background())
+	})
+}
+
+// profileOperator does the same for the operator, through its
+// --pprof-bind-address.
+func profileOperator(t *testing.T, p *operatorProcess) {
+	dir := os.Getenv("COZY_BENCH_PROFILE")
+	if dir == "" {
+		return
+	}
+	go saveProfile(t, filepath.Join(dir, "operator.pprof"), func() ([]byte, error) {
+		// The process may not listen yet.
+		var resp *http.Response
+		var err error
+		for range 50 {
+			if resp, err = http.Get(p.pprof + "/debug/pprof/profile?seconds=" + profileSeconds); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		return io.ReadAll(resp.Body)
+	})
+}
+
+func saveProfile(t *testing.T, file string, get func() ([]byte, error)) {
+	data, err := get()
+	if err == nil {
+		err = os.WriteFile(file, data, 0o644)
+	}
+	if err != nil {
+		t.Logf("profile %s: %v", filepath.Base(file), err)
+	}
+}
+
+func withCodecs(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
+	return cfg
 }
 
 // processCPU is a process's user+system CPU time so far.
@@ -221,9 +295,12 @@ func childrenCPU(t *testing.T) time.Duration {
 	return total
 }
 
-// countChildren counts the objects of the kinds the bench expects
-// (metadata only, across namespaces).
-func countChildren(ctx context.Context, cfg *rest.Config, kinds map[schema.GroupVersionKind]bool) (int, error) {
+// countChildren counts the objects of the kinds the bench expects,
+// across namespaces. Polling asks for one item per kind and reads how
+// many remain, which the API server answers from its watch cache: it
+// must not take the server time the operator is measured by. exact
+// lists them all.
+func countChildren(ctx context.Context, cfg *rest.Config, kinds map[schema.GroupVersionKind]bool, exact bool) (int, error) {
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return 0, err
@@ -232,10 +309,19 @@ func countChildren(ctx context.Context, cfg *rest.Config, kinds map[schema.Group
 	for gvk := range kinds {
 		l := &metav1.PartialObjectMetadataList{}
 		l.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := c.List(ctx, l); err != nil {
+		var opts []client.ListOption
+		if !exact {
+			opts = append(opts, client.Limit(1))
+		}
+		if err := c.List(ctx, l, opts...); err != nil {
 			return 0, err
 		}
 		n += len(l.Items)
+		if l.RemainingItemCount != nil {
+			n += int(*l.RemainingItemCount)
+		} else if l.Continue != "" {
+			return 0, fmt.Errorf("list %s: no remainingItemCount", gvk.Kind)
+		}
 	}
 	return n, nil
 }
@@ -243,6 +329,7 @@ func countChildren(ctx context.Context, cfg *rest.Config, kinds map[schema.Group
 type operatorProcess struct {
 	cmd     *exec.Cmd
 	metrics string
+	pprof   string
 }
 
 // startOperatorProcess builds cmd/cozy-operator and runs it against the
@@ -254,12 +341,7 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build cozy-operator: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr, pprofAddr := freeLoopbackPort(t), freeLoopbackPort(t)
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "operator.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -268,6 +350,7 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 		"--kubeconfig", env.WriteKubeconfig(t),
 		"--metrics-bind-address", addr, "--metrics-secure=false",
 		"--health-probe-bind-address", "0",
+		"--pprof-bind-address", pprofAddr,
 		"--concurrency", strconv.Itoa(benchWorkers),
 		"--kube-api-qps", strconv.Itoa(benchQPS), "--kube-api-burst", strconv.Itoa(benchQPS),
 		"--log-level", "error")
@@ -290,7 +373,17 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 			t.Logf("operator log (tail):\n%s", fileTail(logFile.Name(), 40))
 		}
 	})
-	return &operatorProcess{cmd: cmd, metrics: "http://" + addr + "/metrics"}
+	return &operatorProcess{cmd: cmd, metrics: "http://" + addr + "/metrics", pprof: "http://" + pprofAddr}
+}
+
+func freeLoopbackPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // writes is every write request the operator's client sent, from

@@ -157,6 +157,41 @@ func asOperator(t *testing.T, env *testenv.Env) *rest.Config {
 	return cfg
 }
 
+// installFinalizerPolicy creates the chart's mutating admission policy
+// that gives new TenantClusters their finalizer, and waits until the API
+// server applies it (a dry-run create shows the finalizer).
+func installFinalizerPolicy(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	ctx := context.Background()
+	files, err := render.Operator(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := render.Decode([]byte(files["finalizer-policy.yaml"]))
+	if err != nil || len(docs) != 2 {
+		t.Fatalf("chart template finalizer-policy.yaml: %v (%d documents, want the policy and its binding)", err, len(docs))
+	}
+	for _, d := range docs {
+		if err := env.Client.Create(ctx, d); err != nil {
+			t.Fatalf("%s %s: %v", d.GetKind(), d.GetName(), err)
+		}
+	}
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the finalizer policy in force", func() error {
+		probe := fixture(t)
+		probe.UID, probe.ResourceVersion, probe.Namespace = "", "", "policy-probe"
+		if err := env.Client.Create(ctx, probe, client.DryRunAll); err != nil {
+			return err
+		}
+		if !controllerutil.ContainsFinalizer(probe, Finalizer) {
+			return fmt.Errorf("a new TenantCluster has finalizers %v", probe.Finalizers)
+		}
+		return nil
+	})
+}
+
 // create makes the namespace and the TenantCluster of the fixture, with
 // the add-on toggles given.
 func (e *operatorEnv) create(t *testing.T, ctx context.Context, mutate func(*v1.TenantCluster)) *v1.TenantCluster {
@@ -459,6 +494,83 @@ func TestOperatorNodeGroupChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+}
+
+// TestFinalizerPolicy: with the chart's admission policy, the API server
+// gives a new TenantCluster the finalizer itself (no operator runs
+// here), and keeps the finalizers it came with.
+func TestFinalizerPolicy(t *testing.T) {
+	env, _ := startAPIServer(t)
+	installFinalizerPolicy(t, env)
+	ctx := context.Background()
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	tc := fixture(t)
+	tc.UID, tc.ResourceVersion = "", ""
+	tc.Finalizers = []string{"example.com/keep"}
+	if err := env.Client.Create(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"example.com/keep", Finalizer}; !slices.Equal(tc.Finalizers, want) {
+		t.Errorf("finalizers %v, want %v", tc.Finalizers, want)
+	}
+}
+
+// TestOperatorFieldOwnership: every child's fields belong to the
+// operator's server-side apply alone, so a field the operator stops
+// setting is removed, not left behind.
+func TestOperatorFieldOwnership(t *testing.T) {
+	e := startOperator(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tc := e.create(t, ctx, nil)
+	got := e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+	for name, u := range got {
+		if ops := managers(u); !slices.Equal(ops, []string{FieldOwner + "/Apply"}) {
+			t.Errorf("%s: managers %v, want only %s/Apply", name, ops, FieldOwner)
+		}
+	}
+	md := got["MachineDeployment/acme-gpu"]
+	if md.GetAnnotations()[annotationMaxSize] != "4" {
+		t.Fatalf("autoscaled group's MachineDeployment has annotations %v", md.GetAnnotations())
+	}
+
+	// From autoscaled to a fixed size: the autoscaler's annotations go.
+	e.modify(t, ctx, tc, func(cur *v1.TenantCluster) {
+		g := &cur.Spec.NodeGroups[1]
+		g.MinReplicas, g.MaxReplicas, g.Replicas = nil, nil, ptr.To[int32](2)
+	})
+	eventually(t, "the gpu group at a fixed size", func() error {
+		md := &unstructured.Unstructured{}
+		md.SetGroupVersionKind(gvkMachineDeployment)
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: tc.Namespace, Name: "acme-gpu"}, md); err != nil {
+			return err
+		}
+		replicas, _, _ := unstructured.NestedInt64(md.Object, "spec", "replicas")
+		for k := range md.GetAnnotations() {
+			if k == annotationMinSize || k == annotationMaxSize || strings.HasPrefix(k, annotationCapacity) {
+				return fmt.Errorf("annotation %s still set (replicas %d, managers %v)", k, replicas, managers(md))
+			}
+		}
+		if replicas != 2 {
+			return fmt.Errorf("replicas %d, want 2", replicas)
+		}
+		if ops := managers(md); !slices.Equal(ops, []string{FieldOwner + "/Apply"}) {
+			return fmt.Errorf("managers %v, want only %s/Apply", ops, FieldOwner)
+		}
+		return nil
+	})
+}
+
+// managers lists an object's field managers as "name/operation".
+func managers(u *unstructured.Unstructured) []string {
+	var out []string
+	for _, m := range u.GetManagedFields() {
+		out = append(out, m.Manager+"/"+string(m.Operation))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // setControlPlane stands in for Kamaji: it reports the control plane at
