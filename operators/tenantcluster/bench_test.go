@@ -20,7 +20,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -97,13 +99,24 @@ func parallel(n int, f func(i int) error) error {
 	return <-errs
 }
 
+// benchRounds: the two sides run in turn, each on a fresh API server
+// that stops when its phase ends, and each side's best round counts. A
+// shared 2-core machine is not steady: the same plain phase has taken
+// 58 s in one run and 74 s in the next.
+const benchRounds = 2
+
+// benchResult is one phase of the bench.
+type benchResult struct {
+	wall      time.Duration // until every child exists
+	serverCPU time.Duration // kube-apiserver and etcd
+	clientCPU time.Duration // the operator (0 for the plain client, which runs in the test)
+}
+
 // TestBenchOperator: the time until every child of 1,000 TenantClusters
 // exists, the operator against a plain client that creates the same
-// TenantClusters and children itself (each on a fresh API server, same
-// concurrency and client rate), then the operator's writes per minute
-// once converged and its peak RSS.
+// TenantClusters and children itself (same concurrency and client rate),
+// then the operator's writes per minute once converged and its peak RSS.
 func TestBenchOperator(t *testing.T) {
-	ctx := context.Background()
 	one, err := Desired(benchTenantCluster(0), "v1.36.3")
 	if err != nil {
 		t.Fatal(err)
@@ -114,12 +127,70 @@ func TestBenchOperator(t *testing.T) {
 		kinds[u.GroupVersionKind()] = true
 	}
 
-	// The peer: a plain client.
+	var plain, operator []benchResult
+	var idle, writes int
+	var settled time.Duration
+	var rss int64
+	for round := 1; round <= benchRounds; round++ {
+		t.Run(fmt.Sprintf("plain-%d", round), func(t *testing.T) {
+			plain = append(plain, benchPlain(t, round, perCluster))
+		})
+		t.Run(fmt.Sprintf("operator-%d", round), func(t *testing.T) {
+			env, cfg := benchEnv(t)
+			op := startOperatorProcess(t, env)
+			operator = append(operator, benchOperator(t, round, env, cfg, op, perCluster, kinds))
+			rss = max(rss, op.peakRSS(t))
+			if round < benchRounds {
+				return
+			}
+			// Settle (statuses, the events), then count a minute of
+			// writes.
+			settled = op.waitQuiet(t, 10*time.Second, 5*time.Minute)
+			writes = op.writes(t)
+			time.Sleep(time.Minute)
+			idle = op.writes(t) - writes
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	p, o := best(plain), best(operator)
+	for i := range plain {
+		t.Logf("round %d: operator %.1fs, plain client %.1fs, ratio %.2f", i+1, operator[i].wall.Seconds(), plain[i].wall.Seconds(), plain[i].wall.Seconds()/operator[i].wall.Seconds())
+	}
+	t.Logf("BENCH operator children of %d TenantClusters (%d objects), best of %d rounds: operator %.1fs, plain client %.1fs, ratio %.2f (plain/operator, goal >= 0.7)",
+		benchClusters, benchClusters*perCluster, benchRounds, o.wall.Seconds(), p.wall.Seconds(), p.wall.Seconds()/o.wall.Seconds())
+	t.Logf("BENCH operator CPU of kube-apiserver+etcd: operator %.0fs (and the operator's own %.0fs), plain client %.0fs",
+		o.serverCPU.Seconds(), o.clientCPU.Seconds(), p.serverCPU.Seconds())
+	t.Logf("BENCH operator writes after convergence (settled %v after the last child): %d in 60s (goal 0)", settled.Round(time.Second), idle)
+	t.Logf("BENCH operator peak RSS %d MB (goal <= 150 MB), writes %d", rss>>20, writes)
+	if idle != 0 {
+		t.Errorf("the operator wrote %d times in a minute after converging", idle)
+	}
+}
+
+// best is the fastest of the rounds.
+func best(rs []benchResult) benchResult {
+	b := rs[0]
+	for _, r := range rs[1:] {
+		if r.wall < b.wall {
+			b = r
+		}
+	}
+	return b
+}
+
+// benchPlain is the peer: the test creates the TenantClusters and their
+// children itself.
+func benchPlain(t *testing.T, round, perCluster int) benchResult {
+	ctx := context.Background()
 	env, _ := benchEnv(t)
 	cpu0 := childrenCPU(t)
-	profileAPIServer(t, env, "plain")
+	if round == 1 {
+		profileAPIServer(t, env, "plain")
+	}
 	start := time.Now()
-	err = parallel(benchClusters, func(i int) error {
+	err := parallel(benchClusters, func(i int) error {
 		tc := benchTenantCluster(i)
 		if err := env.Client.Create(ctx, tc); err != nil {
 			return err
@@ -138,18 +209,23 @@ func TestBenchOperator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain := time.Since(start)
+	r := benchResult{wall: time.Since(start), serverCPU: childrenCPU(t) - cpu0}
 	t.Logf("plain client: %d TenantClusters and %d children created in %v; CPU of kube-apiserver+etcd %v",
-		benchClusters, benchClusters*perCluster, plain.Round(time.Millisecond), (childrenCPU(t) - cpu0).Round(time.Second))
+		benchClusters, benchClusters*perCluster, r.wall.Round(time.Millisecond), r.serverCPU.Round(time.Second))
+	return r
+}
 
-	// The operator, as its own process, on a fresh API server.
-	env, cfg := benchEnv(t)
-	op := startOperatorProcess(t, env)
-	cpu0 = childrenCPU(t)
+// benchOperator creates the TenantClusters and waits until the operator
+// has made every child.
+func benchOperator(t *testing.T, round int, env *testenv.Env, cfg *rest.Config, op *operatorProcess, perCluster int, kinds map[schema.GroupVersionKind]bool) benchResult {
+	ctx := context.Background()
+	cpu0 := childrenCPU(t)
 	opCPU0 := processCPU(t, op.cmd.Process.Pid)
-	profileAPIServer(t, env, "operator")
-	profileOperator(t, op)
-	start = time.Now()
+	if round == 1 {
+		profileAPIServer(t, env, "operator")
+		profileOperator(t, op)
+	}
+	start := time.Now()
 	if err := parallel(benchClusters, func(i int) error { return env.Client.Create(ctx, benchTenantCluster(i)) }); err != nil {
 		t.Fatal(err)
 	}
@@ -167,29 +243,16 @@ func TestBenchOperator(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	operator := time.Since(start)
+	r := benchResult{wall: time.Since(start)}
 	if n, err := countChildren(ctx, cfg, kinds, true); err != nil || n != benchClusters*perCluster {
 		t.Fatalf("listing every child found %d, want %d (%v)", n, benchClusters*perCluster, err)
 	}
+	r.clientCPU = processCPU(t, op.cmd.Process.Pid) - opCPU0
+	r.serverCPU = childrenCPU(t) - cpu0 - r.clientCPU
 	t.Logf("operator: %d TenantClusters created in %v, all %d children existed after %v; CPU of kube-apiserver+etcd %v, of the operator %v",
-		benchClusters, created.Round(time.Millisecond), benchClusters*perCluster, operator.Round(time.Millisecond),
-		(childrenCPU(t) - cpu0 - (processCPU(t, op.cmd.Process.Pid) - opCPU0)).Round(time.Second), (processCPU(t, op.cmd.Process.Pid) - opCPU0).Round(time.Second))
-
-	// Settle (statuses, the finalizers, the events), then count a
-	// minute of writes.
-	settled := op.waitQuiet(t, 10*time.Second, 5*time.Minute)
-	before := op.writes(t)
-	time.Sleep(time.Minute)
-	idle := op.writes(t) - before
-	rss := op.peakRSS(t)
-
-	t.Logf("BENCH operator children of %d TenantClusters (%d objects): operator %.1fs, plain client %.1fs, ratio %.2f (plain/operator, goal >= 0.7)",
-		benchClusters, benchClusters*perCluster, operator.Seconds(), plain.Seconds(), plain.Seconds()/operator.Seconds())
-	t.Logf("BENCH operator writes after convergence (settled %v after the last child): %d in 60s (goal 0)", settled.Round(time.Second), idle)
-	t.Logf("BENCH operator peak RSS %d MB (goal <= 150 MB), total writes %d", rss>>20, before)
-	if idle != 0 {
-		t.Errorf("the operator wrote %d times in a minute after converging", idle)
-	}
+		benchClusters, created.Round(time.Millisecond), benchClusters*perCluster, r.wall.Round(time.Millisecond),
+		r.serverCPU.Round(time.Second), r.clientCPU.Round(time.Second))
+	return r
 }
 
 // profileSeconds is how long a profile taken during the bench lasts:
@@ -450,4 +513,74 @@ func (p *operatorProcess) peakRSS(t *testing.T) int64 {
 	}
 	t.Fatal("no VmHWM in /proc status")
 	return 0
+}
+
+// TestBenchRequestCosts: what each kind of request the operator sends
+// costs the API server and etcd, in CPU per request, next to the plain
+// create the peer sends; the numbers behind the controller's choices
+// (docs/tenants.md#measured).
+func TestBenchRequestCosts(t *testing.T) {
+	const n = 500
+	ctx := context.Background()
+	env, _ := benchEnv(t)
+	c := env.Client
+	measure := func(what string, perItem int, f func(i int) error) {
+		t.Helper()
+		cpu0 := childrenCPU(t)
+		if err := parallel(n, f); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		per := (childrenCPU(t) - cpu0) / time.Duration(n*perItem)
+		t.Logf("BENCH request cost %-44s %5.1f ms of API server and etcd CPU", what, float64(per)/float64(time.Millisecond))
+	}
+	tcs := make([]*v1.TenantCluster, n)
+	children := func(i int) []*unstructured.Unstructured {
+		c, err := Desired(tcs[i], tcs[i].Spec.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.All()
+	}
+	measure("create TenantCluster (finalizer by the policy)", 1, func(i int) error {
+		tcs[i] = benchTenantCluster(i)
+		return c.Create(ctx, tcs[i])
+	})
+	measure("patch TenantCluster metadata (a finalizer)", 1, func(i int) error {
+		patch := client.MergeFromWithOptions(tcs[i].DeepCopy(), client.MergeFromWithOptimisticLock{})
+		tcs[i].Finalizers = append(tcs[i].Finalizers, "example.com/bench")
+		return c.Patch(ctx, tcs[i], patch)
+	})
+	measure("patch TenantCluster status", 1, func(i int) error {
+		patch := client.MergeFromWithOptions(tcs[i].DeepCopy(), client.MergeFromWithOptimisticLock{})
+		tcs[i].Status.Phase = v1.PhaseProvisioning
+		return c.Status().Patch(ctx, tcs[i], patch)
+	})
+	measure("create Event", 1, func(i int) error {
+		return c.Create(ctx, &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: tcs[i].Name + "-", Namespace: tcs[i].Namespace},
+			EventTime:  metav1.NowMicro(), Type: corev1.EventTypeNormal, Reason: "Created", Action: "Apply", Note: "bench",
+			Regarding:           corev1.ObjectReference{APIVersion: v1.GroupVersion.String(), Kind: "TenantCluster", Namespace: tcs[i].Namespace, Name: tcs[i].Name},
+			ReportingController: FieldOwner, ReportingInstance: "bench",
+		})
+	})
+	perCluster := len(children(0))
+	measure("create a child (POST)", perCluster, func(i int) error {
+		for _, u := range children(i) {
+			u.SetName(u.GetName() + "-post")
+			if err := c.Create(ctx, u); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	apply := func(i int) error {
+		for _, u := range children(i) {
+			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	measure("create a child (server-side apply)", perCluster, apply)
+	measure("apply an unchanged child", perCluster, apply)
 }
