@@ -29,6 +29,18 @@ build: ## Build bin/cozyctl, bin/cozy-operator and bin/cozy-talos-node (static, 
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozy-operator ./cmd/cozy-operator
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
 
+# The operator image's tag: the chart's appVersion, which the chart's
+# Deployment pulls by default.
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cozy-operator/Chart.yaml)
+
+.PHONY: image
+image: ## Build the cozy-operator image as an OCI archive, bin/cozy-operator-image.tar (docs/tenants.md#the-operator-image)
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/linux-amd64/cozy-operator ./cmd/cozy-operator
+	SOURCE_DATE_EPOCH="$$(git log -1 --format=%ct 2>/dev/null || echo 0)" $(GO) run ./hack/ociimage \
+		-o bin/cozy-operator-image.tar -binary bin/linux-amd64/cozy-operator -path /cozy-operator -tag $(IMAGE_TAG) \
+		-label org.opencontainers.image.title=cozy-operator -label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT)
+
 .PHONY: deps
 deps: ## Install the Debian packages the tests need (as root), or say which are missing
 	hack/install-deps.sh

@@ -21,6 +21,9 @@ packages=(
 	isc-dhcp-relay  # dhcrelay, a real relay agent (giaddr, option 82)
 	cpio            # cross-checks the initramfs writer
 	jq              # hack/flux-controllers.sh reads upstream go.mod replaces
+	skopeo          # reads and copies the operator image archive (make image) in its test
+	umoci           # unpacks that image into a runtime bundle
+	runc            # runs it, as a container runtime would
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.
