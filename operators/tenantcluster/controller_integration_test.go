@@ -298,7 +298,7 @@ func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.Ten
 					for k, o := range got {
 						if o.GetKind() == gvkMachineDeployment.Kind {
 							og, _, _ := unstructured.NestedInt64(o.Object, "status", "observedGeneration")
-							mds = append(mds, fmt.Sprintf("%s generation %d observed %d", k, o.GetGeneration(), og))
+							mds = append(mds, fmt.Sprintf("%s generation %d observed %d template %s", k, o.GetGeneration(), og, infraRef(o)))
 						}
 					}
 					slices.Sort(mds)
@@ -672,7 +672,7 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	tc := e.create(t, ctx, func(tc *v1.TenantCluster) { tc.Spec.Version = "v1.35.4" })
-	e.wantChildren(t, ctx, tc, Uniform("v1.35.4"))
+	first := e.wantChildren(t, ctx, tc, Uniform("v1.35.4"))
 	e.setControlPlane(t, ctx, tc, "v1.35.4")
 	e.setWorkers(t, ctx, tc, false)
 
@@ -686,13 +686,22 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 		}
 		return nil
 	})
-	// Held for a while: still the old workers.
+	// Held for a while: still the old workers, on their old VM template
+	// (the default disk image follows the group's version, not the
+	// TenantCluster's).
 	time.Sleep(time.Second)
-	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.36.0", Groups: map[string]string{newGroupKey: "v1.35.4"}})
+	held := e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.36.0", Groups: map[string]string{newGroupKey: "v1.35.4"}})
+	if a, b := infraRef(first["MachineDeployment/acme-md0"]), infraRef(held["MachineDeployment/acme-md0"]); a != b {
+		t.Errorf("while the control plane upgrades, node group md0 moved from template %s to %s", a, b)
+	}
 
-	// Kamaji reports the new version: the workers follow.
+	// Kamaji reports the new version: the workers follow, onto the new
+	// version's image.
 	e.setControlPlane(t, ctx, tc, "v1.36.0")
-	e.wantChildren(t, ctx, tc, Uniform("v1.36.0"))
+	moved := e.wantChildren(t, ctx, tc, Uniform("v1.36.0"))
+	if a, b := infraRef(first["MachineDeployment/acme-md0"]), infraRef(moved["MachineDeployment/acme-md0"]); a == b {
+		t.Errorf("node group md0 upgraded and kept template %s (and its disk image)", a)
+	}
 
 	// The workers are rolling; another bump waits for them.
 	e.setWorkers(t, ctx, tc, true)
@@ -721,6 +730,11 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func infraRef(md *unstructured.Unstructured) string {
+	name, _, _ := unstructured.NestedString(md.Object, "spec", "template", "spec", "infrastructureRef", "name")
+	return name
 }
 
 // standInKamaji does what Kamaji does once a control plane is up: an

@@ -106,12 +106,13 @@ func DesiredAt(tc *v1.TenantCluster, v Versions) (Children, error) {
 		Infra:        desiredKubevirtCluster(tc),
 	}
 	for _, g := range tc.Spec.NodeGroups {
-		mt, err := desiredMachineTemplate(tc, g)
+		version := v.Group(g.Name)
+		mt, err := desiredMachineTemplate(tc, g, version)
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
 		bt := desiredBootstrapTemplate(tc, g)
-		md, err := desiredMachineDeployment(tc, g, v.Group(g.Name), mt.GetName(), bt.GetName())
+		md, err := desiredMachineDeployment(tc, g, version, mt.GetName(), bt.GetName())
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
@@ -275,14 +276,18 @@ func storageClass(tc *v1.TenantCluster, g v1.NodeGroup) string {
 	return tc.Spec.StorageClass
 }
 
-func diskImage(tc *v1.TenantCluster, g v1.NodeGroup) cdiv1.DataVolumeSource {
+// diskImage is the group's root disk; the default image is the one for
+// the version the group runs, which lags the TenantCluster's during an
+// upgrade: the workers' VMs must not change while the control plane
+// moves.
+func diskImage(g v1.NodeGroup, version string) cdiv1.DataVolumeSource {
 	switch {
 	case g.Image.URL != "":
 		return cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: g.Image.URL}}
 	case g.Image.Registry != "":
 		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(g.Image.Registry)}}
 	default:
-		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(DefaultImage(tc.Spec.Version))}}
+		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(DefaultImage(version))}}
 	}
 }
 
@@ -290,7 +295,7 @@ func diskImage(tc *v1.TenantCluster, g v1.NodeGroup) cdiv1.DataVolumeSource {
 // into the group's storage class (block, RWX, so it can live-migrate),
 // bridged onto the pod network with KubeVirt's live-migration annotation,
 // evicted by live migration.
-func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup) (kubevirtv1.VirtualMachineSpec, error) {
+func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup, version string) (kubevirtv1.VirtualMachineSpec, error) {
 	disk, err := resource.ParseQuantity(g.DiskSize)
 	if err != nil {
 		return kubevirtv1.VirtualMachineSpec{}, fmt.Errorf("diskSize %q: %w", g.DiskSize, err)
@@ -301,7 +306,7 @@ func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup) (kubevirtv1.VirtualMachineSpec
 		DataVolumeTemplates: []kubevirtv1.DataVolumeTemplateSpec{{
 			ObjectMeta: metav1.ObjectMeta{Name: rootDisk},
 			Spec: cdiv1.DataVolumeSpec{
-				Source: ptr.To(diskImage(tc, g)),
+				Source: ptr.To(diskImage(g, version)),
 				Storage: &cdiv1.StorageSpec{
 					StorageClassName: ptr.To(storageClass(tc, g)),
 					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
@@ -351,8 +356,8 @@ func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup) (kubevirtv1.VirtualMachineSpec
 	return spec, nil
 }
 
-func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup) (*unstructured.Unstructured, error) {
-	vm, err := vmSpec(tc, g)
+func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup, version string) (*unstructured.Unstructured, error) {
+	vm, err := vmSpec(tc, g, version)
 	if err != nil {
 		return nil, err
 	}

@@ -161,3 +161,36 @@ func TestOwnedAndLabelled(t *testing.T) {
 		}
 	}
 }
+
+// TestDesiredHeldGroupKeepsImage: a node group held at its old version
+// during an upgrade keeps its VM template, default disk image included;
+// it gets the new version's image when it moves.
+func TestDesiredHeldGroupKeepsImage(t *testing.T) {
+	tc := fixture(t)
+	image := func(v Versions) (template, url string) {
+		t.Helper()
+		c, err := DesiredAt(tc, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range c.Groups {
+			if g.Name == "md0" {
+				u := g.MachineTemplate.Object
+				dvts, _, _ := unstructured.NestedSlice(u, "spec", "template", "spec", "virtualMachineTemplate", "spec", "dataVolumeTemplates")
+				url, _, _ = unstructured.NestedString(dvts[0].(map[string]any), "spec", "source", "registry", "url")
+				return g.MachineTemplate.GetName(), url
+			}
+		}
+		t.Fatal("no node group md0")
+		return "", ""
+	}
+	oldName, oldURL := image(Uniform("v1.35.4"))
+	heldName, heldURL := image(Versions{ControlPlane: "v1.36.3", Groups: map[string]string{"md0": "v1.35.4"}})
+	newName, newURL := image(Uniform("v1.36.3"))
+	if heldName != oldName || heldURL != DefaultImage("v1.35.4") || oldURL != heldURL {
+		t.Errorf("held group: template %s image %s, want %s with %s", heldName, heldURL, oldName, DefaultImage("v1.35.4"))
+	}
+	if newName == oldName || newURL != DefaultImage("v1.36.3") {
+		t.Errorf("moved group: template %s image %s, want a new template with %s", newName, newURL, DefaultImage("v1.36.3"))
+	}
+}
