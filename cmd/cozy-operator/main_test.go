@@ -14,11 +14,7 @@ import (
 // manager container's arguments.
 func chartArgs(t *testing.T, values map[string]any) []string {
 	t.Helper()
-	files, err := render.Operator(values)
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs, err := render.Decode([]byte(files["deployment.yaml"]))
+	docs, err := render.OperatorTemplate(values, "deployment.yaml")
 	if err != nil || len(docs) != 1 {
 		t.Fatalf("deployment.yaml: %v (%d documents)", err, len(docs))
 	}

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,16 +66,10 @@ func (im Image) check() error {
 	return errors.Join(errs...)
 }
 
+// numeric is a UID or GID: a decimal number of at most 32 bits.
 func numeric(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
+	_, err := strconv.ParseUint(s, 10, 32)
+	return err == nil
 }
 
 // Write packs the image and writes the archive to w.

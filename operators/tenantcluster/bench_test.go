@@ -24,7 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -55,7 +55,9 @@ func benchTenantCluster(i int) *v1.TenantCluster {
 	}
 }
 
-func benchEnv(t *testing.T) (*testenv.Env, *rest.Config) {
+// benchEnv is a fresh API server with the bench's namespaces, and a
+// client (env.Client) at the bench's rate.
+func benchEnv(t *testing.T) *testenv.Env {
 	env, scheme := startAPIServer(t)
 	// As the platform installs it: TenantClusters get their finalizer
 	// from the API server.
@@ -72,7 +74,7 @@ func benchEnv(t *testing.T) (*testenv.Env, *rest.Config) {
 		}
 	}
 	env.Client = c
-	return env, cfg
+	return env
 }
 
 // parallel runs f(i) for i in [0, n) on benchWorkers goroutines.
@@ -136,9 +138,9 @@ func TestBenchOperator(t *testing.T) {
 			plain = append(plain, benchPlain(t, round, perCluster))
 		})
 		t.Run(fmt.Sprintf("operator-%d", round), func(t *testing.T) {
-			env, cfg := benchEnv(t)
+			env := benchEnv(t)
 			op := startOperatorProcess(t, env)
-			operator = append(operator, benchOperator(t, round, env, cfg, op, perCluster, kinds))
+			operator = append(operator, benchOperator(t, round, env, op, perCluster, kinds))
 			rss = max(rss, op.peakRSS(t))
 			if round < benchRounds {
 				return
@@ -184,7 +186,7 @@ func best(rs []benchResult) benchResult {
 // children itself.
 func benchPlain(t *testing.T, round, perCluster int) benchResult {
 	ctx := context.Background()
-	env, _ := benchEnv(t)
+	env := benchEnv(t)
 	cpu0 := childrenCPU(t)
 	if round == 1 {
 		profileAPIServer(t, env, "plain")
@@ -217,7 +219,7 @@ func benchPlain(t *testing.T, round, perCluster int) benchResult {
 
 // benchOperator creates the TenantClusters and waits until the operator
 // has made every child.
-func benchOperator(t *testing.T, round int, env *testenv.Env, cfg *rest.Config, op *operatorProcess, perCluster int, kinds map[schema.GroupVersionKind]bool) benchResult {
+func benchOperator(t *testing.T, round int, env *testenv.Env, op *operatorProcess, perCluster int, kinds map[schema.GroupVersionKind]bool) benchResult {
 	ctx := context.Background()
 	cpu0 := childrenCPU(t)
 	opCPU0 := processCPU(t, op.cmd.Process.Pid)
@@ -231,7 +233,7 @@ func benchOperator(t *testing.T, round int, env *testenv.Env, cfg *rest.Config, 
 	}
 	created := time.Since(start)
 	for {
-		n, err := countChildren(ctx, cfg, kinds, false)
+		n, err := countChildren(ctx, env.Client, kinds, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +246,7 @@ func benchOperator(t *testing.T, round int, env *testenv.Env, cfg *rest.Config, 
 		time.Sleep(200 * time.Millisecond)
 	}
 	r := benchResult{wall: time.Since(start)}
-	if n, err := countChildren(ctx, cfg, kinds, true); err != nil || n != benchClusters*perCluster {
+	if n, err := countChildren(ctx, env.Client, kinds, true); err != nil || n != benchClusters*perCluster {
 		t.Fatalf("listing every child found %d, want %d (%v)", n, benchClusters*perCluster, err)
 	}
 	r.clientCPU = processCPU(t, op.cmd.Process.Pid) - opCPU0
@@ -268,11 +270,12 @@ func profileAPIServer(t *testing.T, env *testenv.Env, name string) {
 	if dir == "" {
 		return
 	}
-	c, err := rest.UnversionedRESTClientFor(withCodecs(env.Config))
+	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go saveProfile(t, filepath.Join(dir, "apiserver-"+name+".pprof"), func() ([]byte, error) {
+	c := cs.Discovery().RESTClient()
+	saveProfile(t, filepath.Join(dir, "apiserver-"+name+".pprof"), func() ([]byte, error) {
 		return c.Get().AbsPath("/debug/pprof/profile").Param("seconds", profileSeconds).Timeout(time.Minute).DoRaw(context.Background())
 	})
 }
@@ -284,7 +287,7 @@ func profileOperator(t *testing.T, p *operatorProcess) {
 	if dir == "" {
 		return
 	}
-	go saveProfile(t, filepath.Join(dir, "operator.pprof"), func() ([]byte, error) {
+	saveProfile(t, filepath.Join(dir, "operator.pprof"), func() ([]byte, error) {
 		// The process may not listen yet.
 		var resp *http.Response
 		var err error
@@ -302,20 +305,22 @@ func profileOperator(t *testing.T, p *operatorProcess) {
 	})
 }
 
+// saveProfile takes the profile in the background while the phase runs;
+// the test waits for it before the phase's processes stop (cleanups run
+// last-registered first), so a short phase cannot cut it off.
 func saveProfile(t *testing.T, file string, get func() ([]byte, error)) {
-	data, err := get()
-	if err == nil {
-		err = os.WriteFile(file, data, 0o644)
-	}
-	if err != nil {
-		t.Logf("profile %s: %v", filepath.Base(file), err)
-	}
-}
-
-func withCodecs(cfg *rest.Config) *rest.Config {
-	cfg = rest.CopyConfig(cfg)
-	cfg.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
-	return cfg
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		data, err := get()
+		if err == nil {
+			err = os.WriteFile(file, data, 0o644)
+		}
+		if err != nil {
+			t.Logf("profile %s: %v", filepath.Base(file), err)
+		}
+	}()
+	t.Cleanup(func() { <-done })
 }
 
 // processCPU is a process's user+system CPU time so far.
@@ -363,11 +368,7 @@ func childrenCPU(t *testing.T) time.Duration {
 // many remain, which the API server answers from its watch cache: it
 // must not take the server time the operator is measured by. exact
 // lists them all.
-func countChildren(ctx context.Context, cfg *rest.Config, kinds map[schema.GroupVersionKind]bool, exact bool) (int, error) {
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		return 0, err
-	}
+func countChildren(ctx context.Context, c client.Client, kinds map[schema.GroupVersionKind]bool, exact bool) (int, error) {
 	n := 0
 	for gvk := range kinds {
 		l := &metav1.PartialObjectMetadataList{}
@@ -522,7 +523,7 @@ func (p *operatorProcess) peakRSS(t *testing.T) int64 {
 func TestBenchRequestCosts(t *testing.T) {
 	const n = 500
 	ctx := context.Background()
-	env, _ := benchEnv(t)
+	env := benchEnv(t)
 	c := env.Client
 	measure := func(what string, perItem int, f func(i int) error) {
 		t.Helper()

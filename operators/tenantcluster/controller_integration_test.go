@@ -126,15 +126,11 @@ func run(t *testing.T, mgr ctrl.Manager) func() {
 func asOperator(t *testing.T, env *testenv.Env) *rest.Config {
 	t.Helper()
 	ctx := context.Background()
-	files, err := render.Operator(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cozy-system"}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"serviceaccount.yaml", "rbac.yaml"} {
-		docs, err := render.Decode([]byte(files[f]))
+		docs, err := render.OperatorTemplate(nil, f)
 		if err != nil || len(docs) == 0 {
 			t.Fatalf("chart template %s: %v (%d documents)", f, err, len(docs))
 		}
@@ -163,11 +159,7 @@ func asOperator(t *testing.T, env *testenv.Env) *rest.Config {
 func installFinalizerPolicy(t *testing.T, env *testenv.Env) {
 	t.Helper()
 	ctx := context.Background()
-	files, err := render.Operator(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs, err := render.Decode([]byte(files["finalizer-policy.yaml"]))
+	docs, err := render.OperatorTemplate(nil, "finalizer-policy.yaml")
 	if err != nil || len(docs) != 2 {
 		t.Fatalf("chart template finalizer-policy.yaml: %v (%d documents, want the policy and its binding)", err, len(docs))
 	}

@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/charts"
@@ -105,6 +106,20 @@ func Operator(values map[string]any) (map[string]string, error) {
 		return nil, err
 	}
 	return Chart(c, values, "cozy-operator", "cozy-system", "")
+}
+
+// OperatorTemplate renders the cozy-operator chart as Operator does and
+// decodes the objects of one of its templates (a path under templates/).
+func OperatorTemplate(values map[string]any, file string) ([]*unstructured.Unstructured, error) {
+	files, err := Operator(values)
+	if err != nil {
+		return nil, err
+	}
+	data, ok := files[file]
+	if !ok {
+		return nil, fmt.Errorf("the cozy-operator chart has no template %s", file)
+	}
+	return Decode([]byte(data))
 }
 
 // SchemaError is values that the chart's values.schema.json rejects.
