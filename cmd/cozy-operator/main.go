@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -62,7 +61,13 @@ func parse(args []string) (*options, error) {
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API requests per second the operator may send")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "burst of API requests above --kube-api-qps")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster (default: in-cluster, or $KUBECONFIG)")
-	chartSource := fs.String("addon-charts", "", "HelmRepository NAMESPACE/NAME serving the add-on charts (default cozy-system/cozy-addons)")
+	fs.Func("addon-chart", "where a tenant add-on's chart comes from, ADDON=KIND/NAMESPACE/NAME/CHART[@VERSION] (repeatable; e.g. cilium=HelmRepository/cozy-addons/cilium/cilium@1.18.4)", func(s string) error {
+		addon, ref, err := tenantcluster.ParseChartRef(s)
+		if err == nil {
+			o.addons.Charts[addon] = ref
+		}
+		return err
+	})
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&o.addons.ClusterAutoscalerImage, "cluster-autoscaler-image", o.addons.ClusterAutoscalerImage, "image of the tenants' cluster-autoscaler")
 	fs.StringVar(&o.addons.CCMImage, "kubevirt-ccm-image", o.addons.CCMImage, "image of the tenants' KubeVirt cloud-controller-manager")
@@ -72,13 +77,6 @@ func parse(args []string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if *chartSource != "" {
-		ns, name, ok := strings.Cut(*chartSource, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("--addon-charts %q: want NAMESPACE/NAME of a HelmRepository", *chartSource)
-		}
-		o.addons.ChartSource.Namespace, o.addons.ChartSource.Name = ns, name
 	}
 	if o.concurrency < 1 {
 		return nil, fmt.Errorf("--concurrency %d: want at least 1", o.concurrency)

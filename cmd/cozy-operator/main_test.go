@@ -1,12 +1,14 @@
 package main
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/render"
 )
 
@@ -34,23 +36,29 @@ func TestChartArgsParse(t *testing.T) {
 	if !o.leaderElect || o.leaderNS != "cozy-system" || o.metricsAddr != ":8443" || !o.metricsSecure || o.probeAddr != ":8081" {
 		t.Errorf("defaults parsed as %+v", o)
 	}
-	if src := o.addons.ChartSource; src.Namespace != "cozy-system" || src.Name != "cozy-addons" {
-		t.Errorf("add-on chart source %+v", src)
+	if want := tenantcluster.DefaultAddonConfig().Charts; !reflect.DeepEqual(o.addons.Charts, want) {
+		t.Errorf("the chart's add-on charts %+v, want the operator's defaults %+v", o.addons.Charts, want)
 	}
 
 	o, err = parse(chartArgs(t, map[string]any{
 		"logLevel": "debug",
 		"addons": map[string]any{
-			"chartSource": "mirror/addons",
-			"images":      map[string]any{"clusterAutoscaler": "registry.example.com/ca:v1", "kubevirtCSIDriver": "registry.example.com/csi:v2"},
+			"charts": map[string]any{"cilium": map[string]any{
+				"sourceRef": map[string]any{"kind": "HelmRepository", "namespace": "mirror", "name": "addons"},
+				"chart":     "cilium", "version": "~1.18",
+			}},
+			"images": map[string]any{"clusterAutoscaler": "registry.example.com/ca:v1", "kubevirtCSIDriver": "registry.example.com/csi:v2"},
 		},
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{o.addons.ChartSource.Namespace + "/" + o.addons.ChartSource.Name, o.addons.ClusterAutoscalerImage, o.addons.CSIDriverImage, o.logLevel.String()}
-	if got := strings.Join(want, " "); got != "mirror/addons registry.example.com/ca:v1 registry.example.com/csi:v2 debug" {
+	want := []string{o.addons.Charts["cilium"].String(), o.addons.ClusterAutoscalerImage, o.addons.CSIDriverImage, o.logLevel.String()}
+	if got := strings.Join(want, " "); got != "HelmRepository/mirror/addons/cilium@~1.18 registry.example.com/ca:v1 registry.example.com/csi:v2 debug" {
 		t.Errorf("overrides parsed as %s", got)
+	}
+	if got := o.addons.Charts["kubevirt-csi-node"].Source.Kind; got != "GitRepository" {
+		t.Errorf("an add-on chart not overridden lost its default: %s", got)
 	}
 	if !strings.HasPrefix(o.addons.CCMImage, "quay.io/kubevirt/") {
 		t.Errorf("an image not overridden lost its default: %s", o.addons.CCMImage)
@@ -62,7 +70,8 @@ func TestParseRejects(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--addon-charts=cozy-addons"}, "want NAMESPACE/NAME"},
+		{[]string{"--addon-chart=cilium=HelmRepository/cozy-addons/cilium"}, "want KIND/NAMESPACE/NAME/CHART"},
+		{[]string{"--addon-chart=calico=HelmRepository/a/b/calico"}, "ADDON one of cilium, kubevirt-csi-node, metrics-server"},
 		{[]string{"--log-level=loud"}, "--log-level"},
 		{[]string{"--concurrency=0"}, "at least 1"},
 		{[]string{"--leader-elect", "extra"}, "unexpected arguments"},

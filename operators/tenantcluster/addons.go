@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	helmv2 "github.com/fluxcd/helm-controller/api/v2"
@@ -15,6 +16,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -35,14 +37,12 @@ const (
 // LabelAddon marks an add-on's objects with the add-on's name.
 const LabelAddon = "tenancy.cozy.dev/addon"
 
-// AddonConfig is where the add-ons come from: the Flux source holding
+// AddonConfig is where the add-ons come from: the Flux sources holding
 // the charts installed into tenants, and the images of the controllers
 // that run in the management cluster.
 type AddonConfig struct {
-	// ChartSource is a HelmRepository serving the charts named in Charts.
-	ChartSource helmv2.CrossNamespaceObjectReference
-	// Charts are chart versions (semver ranges allowed) by add-on.
-	Charts map[string]string
+	// Charts are the tenant-side add-ons' charts, by add-on.
+	Charts map[string]ChartRef
 	// Images of the management-side controllers.
 	ClusterAutoscalerImage string
 	CCMImage               string
@@ -52,14 +52,88 @@ type AddonConfig struct {
 	CSILivenessProbeImage  string
 }
 
-// DefaultAddonConfig is Cozy's pinned set.
+// ChartRef is where one add-on's chart comes from. Upstream charts come
+// from their projects' Helm repositories; a chart Cozy writes itself
+// (kubevirt-csi-node: the CSI driver project publishes none) comes from
+// the platform's own Git repository, where `cozyctl platform render`
+// puts it.
+type ChartRef struct {
+	// Source is a HelmRepository, GitRepository or Bucket.
+	Source helmv2.CrossNamespaceObjectReference
+	// Chart is the chart's name in a HelmRepository, its folder in a
+	// GitRepository or Bucket.
+	Chart string
+	// Version is a semver range for a HelmRepository chart; charts from
+	// Git carry the version of the commit they come from.
+	Version string
+}
+
+// TenantAddonCharts are the add-ons installed into tenants by chart.
+var TenantAddonCharts = []string{AddonCilium, AddonCSINode, AddonMetricsServer}
+
+// String is the form ParseChartRef reads.
+func (c ChartRef) String() string {
+	s := fmt.Sprintf("%s/%s/%s/%s", c.Source.Kind, c.Source.Namespace, c.Source.Name, c.Chart)
+	if c.Version != "" {
+		s += "@" + c.Version
+	}
+	return s
+}
+
+// ParseChartRef reads ADDON=KIND/NAMESPACE/NAME/CHART[@VERSION], the
+// form of cozy-operator's --addon-chart flag, e.g.
+// cilium=HelmRepository/cozy-addons/cilium/cilium@1.18.4 or
+// kubevirt-csi-node=GitRepository/flux-system/flux-system/./charts/kubevirt-csi-node.
+func ParseChartRef(s string) (string, ChartRef, error) {
+	addon, ref, ok := strings.Cut(s, "=")
+	if !ok || !slices.Contains(TenantAddonCharts, addon) {
+		return "", ChartRef{}, fmt.Errorf("%q: want ADDON=KIND/NAMESPACE/NAME/CHART[@VERSION] with ADDON one of %s", s, strings.Join(TenantAddonCharts, ", "))
+	}
+	parts := strings.SplitN(ref, "/", 4)
+	if len(parts) != 4 {
+		return "", ChartRef{}, fmt.Errorf("%s: %q: want KIND/NAMESPACE/NAME/CHART[@VERSION]", addon, ref)
+	}
+	c := ChartRef{Source: helmv2.CrossNamespaceObjectReference{Kind: parts[0], Namespace: parts[1], Name: parts[2]}, Chart: parts[3]}
+	if i := strings.LastIndex(c.Chart, "@"); i >= 0 {
+		c.Chart, c.Version = c.Chart[:i], c.Chart[i+1:]
+		if c.Version == "" {
+			return "", ChartRef{}, fmt.Errorf("%s: %q: empty version after @", addon, ref)
+		}
+	}
+	switch c.Source.Kind {
+	case "HelmRepository", "GitRepository", "Bucket":
+	default:
+		return "", ChartRef{}, fmt.Errorf("%s: source kind %q: want HelmRepository, GitRepository or Bucket", addon, c.Source.Kind)
+	}
+	for what, v := range map[string]string{"namespace": c.Source.Namespace, "name": c.Source.Name} {
+		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+			return "", ChartRef{}, fmt.Errorf("%s: source %s %q: %s", addon, what, v, strings.Join(errs, "; "))
+		}
+	}
+	if c.Chart == "" || strings.ContainsAny(c.Chart, " \t\n@") {
+		return "", ChartRef{}, fmt.Errorf("%s: chart %q: want a name or a folder", addon, c.Chart)
+	}
+	if c.Source.Kind == "HelmRepository" && strings.Contains(c.Chart, "/") {
+		return "", ChartRef{}, fmt.Errorf("%s: chart %q: a HelmRepository chart is a name, not a path", addon, c.Chart)
+	}
+	return addon, c, nil
+}
+
+// DefaultAddonConfig is Cozy's pinned set. The HelmRepositories are the
+// platform's tenant-addons component; the Git source is the one
+// `cozyctl platform install` creates.
 func DefaultAddonConfig() AddonConfig {
+	helmRepo := func(name string) helmv2.CrossNamespaceObjectReference {
+		return helmv2.CrossNamespaceObjectReference{Kind: "HelmRepository", Namespace: "cozy-addons", Name: name}
+	}
 	return AddonConfig{
-		ChartSource: helmv2.CrossNamespaceObjectReference{Kind: "HelmRepository", Name: "cozy-addons", Namespace: "cozy-system"},
-		Charts: map[string]string{
-			AddonCilium:        "1.18.4",
-			AddonCSINode:       "0.4.1",
-			AddonMetricsServer: "3.13.0",
+		Charts: map[string]ChartRef{
+			AddonCilium:        {Source: helmRepo("cilium"), Chart: "cilium", Version: "1.18.4"},
+			AddonMetricsServer: {Source: helmRepo("metrics-server"), Chart: "metrics-server", Version: "3.13.0"},
+			AddonCSINode: {
+				Source: helmv2.CrossNamespaceObjectReference{Kind: "GitRepository", Namespace: "flux-system", Name: "flux-system"},
+				Chart:  "./charts/kubevirt-csi-node",
+			},
 		},
 		ClusterAutoscalerImage: "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.2",
 		CCMImage:               "quay.io/kubevirt/kubevirt-cloud-controller-manager:v0.5.1",
@@ -122,9 +196,9 @@ func DesiredAddons(tc *v1.TenantCluster, cfg AddonConfig, host string, port int3
 			}, nil)
 		case AddonCSINode:
 			objs, err = helmRelease(tc, cfg, name, tc.Spec.Addons.KubevirtCSI, map[string]any{
-				// The node part only: the controller runs beside the
-				// control plane, in the management cluster.
-				"mode": "node",
+				// The chart is the node part only: the controller runs
+				// beside the control plane, in the management cluster.
+				"images": map[string]any{"driver": cfg.CSIDriverImage},
 				"storageClass": map[string]any{
 					"name":                  "kubevirt",
 					"default":               true,
@@ -177,13 +251,17 @@ func helmRelease(tc *v1.TenantCluster, cfg AddonConfig, addon string, a v1.Addon
 	if err != nil {
 		return nil, err
 	}
+	chart, ok := cfg.Charts[addon]
+	if !ok {
+		return nil, fmt.Errorf("no chart configured")
+	}
 	hr := &helmv2.HelmRelease{
 		ObjectMeta: addonMeta(tc, addon),
 		Spec: helmv2.HelmReleaseSpec{
 			Chart: &helmv2.HelmChartTemplate{Spec: helmv2.HelmChartTemplateSpec{
-				Chart:     addon,
-				Version:   cfg.Charts[addon],
-				SourceRef: cfg.ChartSource,
+				Chart:     chart.Chart,
+				Version:   chart.Version,
+				SourceRef: chart.Source,
 			}},
 			Interval:         metav1.Duration{Duration: 5 * time.Minute},
 			ReleaseName:      addon,

@@ -70,13 +70,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	res, err = r.reconcile(ctx, tc)
-	if err != nil && !apierrors.IsConflict(err) {
-		// A conflict is a stale cache and retried at once; anything else
-		// is for the people who own the TenantCluster to see.
+	if apierrors.IsConflict(err) {
+		// A stale cache: the newer object is on its way and queues
+		// another reconcile; retry soon in any case, quietly (not an
+		// error in the log, not an Event).
+		logf.FromContext(ctx).V(1).Info("conflict; retrying", "error", err.Error())
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	if err != nil {
+		// For the people who own the TenantCluster to see.
 		r.event(tc, corev1.EventTypeWarning, "ReconcileFailed", "Reconcile", "%v", err)
 	}
 	return res, err
 }
+
+// conflictRetry is how soon a reconcile that lost an optimistic-lock
+// race runs again.
+const conflictRetry = 200 * time.Millisecond
 
 func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.Result, error) {
 	if !tc.DeletionTimestamp.IsZero() {

@@ -3,8 +3,11 @@ package tenantcluster
 import (
 	"bytes"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -12,7 +15,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"cozy.dev/cozy/charts"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/platform/render"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -192,5 +197,68 @@ func TestDesiredHeldGroupKeepsImage(t *testing.T) {
 	}
 	if newName == oldName || newURL != DefaultImage("v1.36.3") {
 		t.Errorf("moved group: template %s image %s, want a new template with %s", newName, newURL, DefaultImage("v1.36.3"))
+	}
+}
+
+// TestCSINodeChart renders Cozy's kubevirt-csi-node chart with the
+// values the operator's HelmRelease gives it, as helm-controller would
+// into the tenant's kube-system: the chart's schema accepts them, and
+// the tenant gets the node plugin (with the operator's driver image)
+// and a default StorageClass backed by the TenantCluster's.
+func TestCSINodeChart(t *testing.T) {
+	tc := fixture(t)
+	cfg := DefaultAddonConfig()
+	objs, err := DesiredAddons(tc, cfg, "api.acme.example.com", 443)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	for _, u := range objs {
+		if u.GetKind() == "HelmRelease" && u.GetName() == addonName(tc, AddonCSINode) {
+			values, _, _ = unstructured.NestedMap(u.Object, "spec", "values")
+		}
+	}
+	if values == nil {
+		t.Fatal("no kubevirt-csi-node HelmRelease")
+	}
+	if ref := cfg.Charts[AddonCSINode]; ref.Chart != "./charts/"+charts.KubevirtCSINode {
+		t.Fatalf("the CSI node chart is %s, not Cozy's charts/%s", ref.Chart, charts.KubevirtCSINode)
+	}
+	c, err := render.LoadChart(charts.KubevirtCSINode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := render.Chart(c, values, AddonCSINode, "kube-system", "v1.36.3")
+	if err != nil {
+		t.Fatalf("the chart refuses the operator's values %v: %v", values, err)
+	}
+	var rendered []*unstructured.Unstructured
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		docs, err := render.Decode([]byte(files[name]))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		rendered = append(rendered, docs...)
+	}
+	checkGolden(t, "csi-node-chart.yaml", "TestCSINodeChart", rendered)
+
+	byKind := map[string]*unstructured.Unstructured{}
+	for _, u := range rendered {
+		byKind[u.GetKind()] = u
+	}
+	sc := byKind["StorageClass"]
+	if p, _, _ := unstructured.NestedString(sc.Object, "parameters", "infraStorageClassName"); sc == nil || p != tc.Spec.StorageClass {
+		t.Errorf("StorageClass infraStorageClassName %q, want the TenantCluster's %q", p, tc.Spec.StorageClass)
+	}
+	ds := byKind["DaemonSet"]
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if img := containers[0].(map[string]any)["image"]; img != cfg.CSIDriverImage {
+		t.Errorf("node plugin image %v, want the controller's %s", img, cfg.CSIDriverImage)
+	}
+
+	// Without the management StorageClass the chart says what is missing.
+	delete(values["storageClass"].(map[string]any), "infraStorageClassName")
+	if _, err := render.Chart(c, values, AddonCSINode, "kube-system", "v1.36.3"); err == nil || !strings.Contains(err.Error(), "infraStorageClassName is required") {
+		t.Errorf("no infraStorageClassName: %v", err)
 	}
 }

@@ -10,19 +10,28 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fluxcd/pkg/gittestserver"
+	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/cli"
@@ -30,6 +39,7 @@ import (
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/status"
@@ -56,6 +66,11 @@ import (
 //     objects and the TenantCluster CRD exist, and once a stand-in for the kubelet reports its
 //     Deployment available, the HelmRelease and the Kustomization are
 //     Ready.
+//  4. The operator, run with the Deployment's arguments as the chart's
+//     ServiceAccount, makes a TenantCluster's add-ons; helm-controller
+//     installs Cozy's CSI node chart from the repository into a second
+//     API server standing in for the tenant, and metrics-server's
+//     unreachable chart is reported on the TenantCluster (tenantAddons).
 func TestFluxReconcilesPlatform(t *testing.T) {
 	bin := fluxBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -190,6 +205,237 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 		c := component(rep, "cozy-operator")
 		return c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v", c)
 	})
+
+	// Phase 4: a tenant's add-ons, installed by Flux into the tenant.
+	patch(kustomization("tenant-addons"), `{"spec":{"dependsOn":null}}`)
+	tenantAddons(t, ctx, env, ns, kubeconfig)
+}
+
+// tenantAddons is phase 4 of TestFluxReconcilesPlatform: the operator
+// runs with the arguments and RBAC that Flux installed from the platform
+// repository; a TenantCluster's add-on HelmReleases then make
+// helm-controller install Cozy's CSI node chart, from the same
+// repository, into a second API server that stands in for the tenant
+// (forwarded into the controllers' namespace like the first), through
+// the tenant's kubeconfig Secret. metrics-server's chart is on the
+// internet: its HelmRelease, and the TenantCluster, say so.
+func tenantAddons(t *testing.T, ctx context.Context, env *testenv.Env, ns *netnstest.NS, kubeconfig string) {
+	// What the operator needs besides its own CRD: Cluster API's,
+	// Kamaji's and KubeVirt's (Flux's are installed).
+	var sources []testenv.CRDSource
+	for _, s := range testenv.UpstreamCRDs() {
+		if !strings.HasPrefix(s.Module, "github.com/fluxcd/") {
+			sources = append(sources, s)
+		}
+	}
+	crds, err := testenv.LoadCRDs(ctx, sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds}); err != nil {
+		t.Fatalf("install Cluster API CRDs: %v", err)
+	}
+
+	// The operator as the chart runs it: its add-on charts from the
+	// Deployment's arguments, its identity the chart's ServiceAccount.
+	var dep appsv1.Deployment
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &dep); err != nil {
+		t.Fatal(err)
+	}
+	addons := tenantcluster.DefaultAddonConfig()
+	for _, arg := range dep.Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(arg, "--addon-chart="); ok {
+			addon, ref, err := tenantcluster.ParseChartRef(v)
+			if err != nil {
+				t.Fatalf("the chart's %s: %v", arg, err)
+			}
+			addons.Charts[addon] = ref
+		}
+	}
+	if src := addons.Charts[tenantcluster.AddonCSINode].Source; src.Kind != "GitRepository" || src.Namespace != flux.Namespace || src.Name != flux.SyncName {
+		t.Fatalf("the platform points the CSI node chart at %+v, not its own repository", src)
+	}
+	startOperator(t, env, addons)
+
+	// The tenant's API server and its kubeconfig Secret, as Kamaji and
+	// Cluster API would write them.
+	tenant := testenv.Start(t, testenv.Options{CRDs: []testenv.CRDSource{}})
+	tenantURL, err := url.Parse(tenant.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Forward(t, tenantURL.Host)
+	tenantKubeconfig, err := os.ReadFile(tenant.WriteKubeconfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go standInNodes(ctx, tenant.Client)
+
+	const tenantNS = "tenant-acme"
+	tc := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(`
+apiVersion: tenancy.cozy.dev/v1alpha1
+kind: TenantCluster
+metadata: {name: acme, namespace: tenant-acme}
+spec:
+  version: v1.36.3
+  storageClass: replicated
+  nodeGroups: [{name: md0, replicas: 1, resources: {cpu: 2, memory: 4Gi}, diskSize: 20Gi}]
+  addons:
+    cni: {enabled: false}
+    cloudControllerManager: {enabled: false}
+`), &tc.Object); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenantNS}}, tc} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cluster := &unstructured.Unstructured{}
+	cluster.SetAPIVersion("cluster.x-k8s.io/v1beta2")
+	cluster.SetKind("Cluster")
+	poll(t, ctx, "the operator to create the Cluster", func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: tenantNS, Name: "acme"}, cluster)
+		return err == nil, fmt.Sprint(err)
+	})
+	port, err := strconv.Atoi(tenantURL.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf(`{"spec":{"controlPlaneEndpoint":{"host":%q,"port":%d}}}`, tenantURL.Hostname(), port)
+	if err := env.Client.Patch(ctx, cluster, client.RawPatch(types.MergePatchType, []byte(endpoint))); err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme-kubeconfig", Namespace: tenantNS, Labels: map[string]string{"cluster.x-k8s.io/cluster-name": "acme"}},
+		Data:       map[string][]byte{"value": tenantKubeconfig},
+	}
+	if err := env.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+
+	// The CSI node chart, from the platform repository, in the tenant.
+	ready := func(name string) (bool, string) {
+		hr := &unstructured.Unstructured{}
+		hr.SetAPIVersion("helm.toolkit.fluxcd.io/v2")
+		hr.SetKind("HelmRelease")
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: tenantNS, Name: name}, hr); err != nil {
+			return false, err.Error()
+		}
+		conds, _, _ := unstructured.NestedSlice(hr.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, _ := c.(map[string]any); m["type"] == "Ready" {
+				return m["status"] == "True", fmt.Sprintf("%v: %v", m["reason"], m["message"])
+			}
+		}
+		return false, "no Ready condition"
+	}
+	poll(t, ctx, "helm-controller to install kubevirt-csi-node into the tenant", func() (bool, string) {
+		return ready("acme-kubevirt-csi-node")
+	})
+	var sc storagev1.StorageClass
+	if err := tenant.Client.Get(ctx, client.ObjectKey{Name: "kubevirt"}, &sc); err != nil {
+		t.Fatalf("the tenant's StorageClass: %v", err)
+	}
+	if sc.Provisioner != "csi.kubevirt.io" || sc.Parameters["infraStorageClassName"] != "replicated" || sc.Annotations["storageclass.kubernetes.io/is-default-class"] != "true" {
+		t.Errorf("tenant StorageClass %s: provisioner %s, parameters %v, annotations %v", sc.Name, sc.Provisioner, sc.Parameters, sc.Annotations)
+	}
+	var driver storagev1.CSIDriver
+	if err := tenant.Client.Get(ctx, client.ObjectKey{Name: "csi.kubevirt.io"}, &driver); err != nil {
+		t.Errorf("the tenant's CSIDriver: %v", err)
+	}
+	var ds appsv1.DaemonSet
+	if err := tenant.Client.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "kubevirt-csi-node"}, &ds); err != nil {
+		t.Errorf("the tenant's node plugin: %v", err)
+	} else if img := ds.Spec.Template.Spec.Containers[0].Image; img != addons.CSIDriverImage {
+		t.Errorf("node plugin image %s, want the operator's %s", img, addons.CSIDriverImage)
+	}
+
+	// metrics-server's repository is out of reach: said, not hidden.
+	poll(t, ctx, "the TenantCluster to report metrics-server's chart unreachable", func() (bool, string) {
+		if ok, msg := ready("acme-metrics-server"); ok {
+			return false, "metrics-server Ready: " + msg
+		}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(tc), tc); err != nil {
+			return false, err.Error()
+		}
+		conds, _, _ := unstructured.NestedSlice(tc.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, _ := c.(map[string]any); m["type"] == "AddonsReady" {
+				msg := fmt.Sprint(m["message"])
+				return m["status"] == "False" && strings.Contains(msg, "metrics-server") && !strings.Contains(msg, "kubevirt-csi-node"), msg
+			}
+		}
+		return false, "no AddonsReady condition"
+	})
+	rep := platformStatus(t, kubeconfig)
+	if c := component(rep, "tenant-addons"); c == nil || c.Ready || !failedFetch(c.Message) {
+		t.Errorf("tenant-addons component %+v, want it failing on its Helm repositories", c)
+	}
+}
+
+// startOperator runs cozy-operator in the test, as the ServiceAccount
+// the chart made, with the RBAC Flux installed: what the chart does not
+// grant fails.
+func startOperator(t *testing.T, env *testenv.Env, addons tenantcluster.AddonConfig) {
+	scheme, err := tenantcluster.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:cozy-system:cozy-operator"}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Cache:                  tenantcluster.CacheOptions(),
+		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: addons}
+	if err := r.SetupWithManager(mgr, 2); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("operator: %v", err)
+		}
+	})
+}
+
+// standInNodes reports every DaemonSet in the tenant as rolled out on
+// its one node, as the kube-controller-manager would once a kubelet ran
+// the pods: the tenant's test API server has neither. It stops with ctx.
+func standInNodes(ctx context.Context, c client.Client) {
+	for ctx.Err() == nil {
+		var ds appsv1.DaemonSetList
+		if err := c.List(ctx, &ds); err == nil {
+			for i := range ds.Items {
+				d := &ds.Items[i]
+				if d.Status.ObservedGeneration == d.Generation && d.Status.NumberReady == 1 {
+					continue
+				}
+				d.Status = appsv1.DaemonSetStatus{
+					ObservedGeneration:     d.Generation,
+					DesiredNumberScheduled: 1, CurrentNumberScheduled: 1, UpdatedNumberScheduled: 1,
+					NumberReady: 1, NumberAvailable: 1,
+				}
+				_ = c.Status().Update(ctx, d)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // fluxBinaries is the directory hack/flux-controllers.sh built.

@@ -82,16 +82,18 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 	}
 	l.Files[path.Join(dir, ValuesFile)] = append([]byte(Header+"# The platform chart's values for this cluster (over its defaults).\n"), vals...)
 
-	err = fs.WalkDir(charts.FS, charts.CozyOperator, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	for _, name := range charts.InRepository {
+		err = fs.WalkDir(charts.FS, name, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := fs.ReadFile(charts.FS, p)
+			l.Files[path.Join("charts", p)] = data
 			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("copy chart %s: %w", name, err)
 		}
-		data, err := fs.ReadFile(charts.FS, p)
-		l.Files[path.Join("charts", p)] = data
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("copy chart %s: %w", charts.CozyOperator, err)
 	}
 	return l, nil
 }
@@ -99,7 +101,11 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 // Owned are the folders, relative to the repository root, that a layout
 // replaces whole when written: anything else in them is stale output.
 func (l *Layout) Owned() []string {
-	return []string{path.Join(l.ClusterDir, "components"), path.Join("charts", charts.CozyOperator)}
+	owned := []string{path.Join(l.ClusterDir, "components")}
+	for _, name := range charts.InRepository {
+		owned = append(owned, path.Join("charts", name))
+	}
+	return owned
 }
 
 // Write writes the layout under root (created if missing). Folders the

@@ -90,7 +90,11 @@ func TestOperatorSchemaRejects(t *testing.T) {
 		{"image with tag in repository", map[string]any{"image": map[string]any{"repository": "Ghcr.io/Cozy"}}, []string{"/image/repository"}},
 		{"several replicas without leader election", map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, []string{"at '/replicas': maximum: got 2, want 1"}},
 		{"misspelt field", map[string]any{"replica": 2}, []string{"additional properties 'replica' not allowed"}},
-		{"add-on charts without a namespace", map[string]any{"addons": map[string]any{"chartSource": "cozy-addons"}}, []string{"/addons/chartSource"}},
+		{"add-on chart from an OCI repository", map[string]any{"addons": map[string]any{"charts": map[string]any{"cilium": map[string]any{
+			"sourceRef": map[string]any{"kind": "OCIRepository", "namespace": "a", "name": "b"}, "chart": "cilium"}}}}, []string{"/addons/charts/cilium/sourceRef/kind"}},
+		{"add-on chart source in a bad namespace", map[string]any{"addons": map[string]any{"charts": map[string]any{"metrics-server": map[string]any{
+			"sourceRef": map[string]any{"namespace": "Cozy_Addons"}}}}}, []string{"/addons/charts/metrics-server/sourceRef/namespace"}},
+		{"chart for an unknown add-on", map[string]any{"addons": map[string]any{"charts": map[string]any{"calico": map[string]any{}}}}, []string{"additional properties 'calico' not allowed"}},
 		{"unknown add-on image", map[string]any{"addons": map[string]any{"images": map[string]any{"cilium": "x"}}}, []string{"additional properties 'cilium' not allowed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
