@@ -227,6 +227,30 @@ func (n *NS) Forward(t testing.TB, addr string) {
 	}); err != nil {
 		t.Fatalf("listen on %s in %s: %v", addr, n.Name, err)
 	}
+	relay(t, l, func() (net.Conn, error) { return net.Dial("tcp", addr) })
+}
+
+// Expose is Forward the other way round: a TCP service inside the
+// namespace (addr, e.g. a webhook server on 127.0.0.1:9443 there) becomes
+// reachable on the host's loopback, at the address Expose returns, for
+// the API server to call. It stops when the test ends.
+func (n *NS) Expose(t testing.TB, addr string) string {
+	t.Helper()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !net.ParseIP(host).IsLoopback() {
+		t.Fatalf("expose %s: only loopback addresses are exposed", addr)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay(t, l, func() (net.Conn, error) { return n.DialContext(context.Background(), "tcp", addr) })
+	return l.Addr().String()
+}
+
+// relay accepts on l until the test ends and pipes each connection to
+// one that dial opens.
+func relay(t testing.TB, l net.Listener, dial func() (net.Conn, error)) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		l.Close()
@@ -240,7 +264,7 @@ func (n *NS) Forward(t testing.TB, addr string) {
 			if err != nil {
 				return
 			}
-			out, err := net.Dial("tcp", addr)
+			out, err := dial()
 			if err != nil {
 				in.Close()
 				continue

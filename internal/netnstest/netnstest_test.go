@@ -117,3 +117,46 @@ func TestForward(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Expose makes a service inside a namespace reachable on the host's
+// loopback at a fresh port; the namespace's own address is not reachable
+// from the host.
+func TestExpose(t *testing.T) {
+	ns := New(t, "expose")
+	var ln net.Listener
+	if err := ns.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }() // echo
+		}
+	}()
+	addr := ns.Expose(t, ln.Addr().String())
+	if addr == ln.Addr().String() {
+		t.Fatalf("exposed at %s, the namespace's own address", addr)
+	}
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := bytes.Repeat([]byte("cozy "), 20000)
+	go func() { _, _ = c.Write(msg); _ = c.(*net.TCPConn).CloseWrite() }()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("echo: %d bytes back, want %d", len(got), len(msg))
+	}
+}

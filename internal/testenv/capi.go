@@ -1,18 +1,28 @@
 package testenv
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/prereq"
 )
@@ -72,4 +82,87 @@ func WebhookCertDir(t testing.TB) string {
 		}
 	}
 	return dir
+}
+
+// CAPIWebhooks returns Cluster API core's admission webhook
+// configurations, read from its module (config/webhook/manifests.yaml at
+// the version the CRDs come from), pointed at a manager's webhook server
+// at baseURL (https://HOST:PORT) and trusting caPEM, where a cluster would
+// use the webhook Service and cert-manager's CA.
+func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.Object, error) {
+	var src CRDSource
+	for _, s := range UpstreamCRDs() {
+		if s.Module == "sigs.k8s.io/cluster-api" && strings.HasPrefix(s.Dir, "core/") {
+			src = s
+		}
+	}
+	dir, err := ModuleDir(ctx, src.Module, src.Version)
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "core", "config", "webhook", "manifests.yaml")
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	point := func(c *admissionv1.WebhookClientConfig) error {
+		if c.Service == nil || c.Service.Path == nil {
+			return fmt.Errorf("%s: a webhook without a service path", file)
+		}
+		c.URL = new(baseURL + *c.Service.Path)
+		c.Service, c.CABundle = nil, caPEM
+		return nil
+	}
+	var out []client.Object
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
+		var doc struct {
+			Kind string `json:"kind"`
+		}
+		var buf json.RawMessage
+		if err := dec.Decode(&buf); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if err := json.Unmarshal(buf, &doc); err != nil {
+			return nil, err
+		}
+		switch doc.Kind {
+		case "":
+			continue
+		case "MutatingWebhookConfiguration":
+			m := &admissionv1.MutatingWebhookConfiguration{}
+			if err := json.Unmarshal(buf, m); err != nil {
+				return nil, err
+			}
+			m.Name = "capi-core-" + m.Name
+			for i := range m.Webhooks {
+				if err := point(&m.Webhooks[i].ClientConfig); err != nil {
+					return nil, err
+				}
+			}
+			out = append(out, m)
+		case "ValidatingWebhookConfiguration":
+			v := &admissionv1.ValidatingWebhookConfiguration{}
+			if err := json.Unmarshal(buf, v); err != nil {
+				return nil, err
+			}
+			v.Name = "capi-core-" + v.Name
+			for i := range v.Webhooks {
+				if err := point(&v.Webhooks[i].ClientConfig); err != nil {
+					return nil, err
+				}
+			}
+			out = append(out, v)
+		default:
+			return nil, fmt.Errorf("%s: unexpected %s", file, doc.Kind)
+		}
+	}
+	if len(out) != 2 {
+		return nil, fmt.Errorf("%s: %d webhook configurations, want a mutating and a validating one", file, len(out))
+	}
+	return out, nil
 }

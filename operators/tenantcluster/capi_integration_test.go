@@ -5,8 +5,11 @@ package tenantcluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -39,10 +42,14 @@ import (
 // our templates. Nothing reconciles those further: CAPK, the kubeadm
 // bootstrap provider and Kamaji do not run here.
 //
-// The manager runs in a network namespace with only loopback, where its
-// webhook server (which binds all interfaces and cannot be turned off) is
-// out of reach; the API server is forwarded into it. Since no webhook is
-// registered, Cluster API's defaulting does not run.
+// The manager runs in a network namespace with only loopback; the API
+// server is forwarded into it, and its webhook server (which binds all
+// interfaces) is exposed to the API server on the host's loopback only.
+// Cluster API core's webhooks are registered before the children are
+// applied, so its defaulting and validation see every Cluster,
+// MachineDeployment and MachineHealthCheck we make. (The kubeadm
+// bootstrap provider's, for KubeadmConfigTemplates, are not: its manager
+// is not built here.)
 func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	manager := testenv.CAPIManager(t)
 	netns := netnstest.New(t, "capi")
@@ -59,6 +66,16 @@ func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelTimeout()
 	c := env.Client
+
+	certDir := testenv.WebhookCertDir(t)
+	started := time.Now()
+	logFile := startCAPIManager(t, netns, manager, env.WriteKubeconfig(t), certDir, cancel)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Cluster API manager log (tail of %s):\n%s", logFile, fileTail(logFile, 60))
+		}
+	})
+	registerCAPIWebhooks(t, ctx, c, netns, certDir)
 
 	// A real TenantCluster, so the children carry the owner references the
 	// operator gives them (the garbage collector does not run here).
@@ -96,14 +113,6 @@ func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	}
 	apply()
 
-	started := time.Now()
-	logFile := startCAPIManager(t, netns, manager, env.WriteKubeconfig(t), cancel)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Cluster API manager log (tail of %s):\n%s", logFile, fileTail(logFile, 60))
-		}
-	})
-
 	// Fixed groups: as many Machines as replicas, from our templates.
 	var fixed, autoscaled []GroupChildren
 	for _, g := range children.Groups {
@@ -122,37 +131,42 @@ func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	}
 	t.Logf("fixed groups' Machines created %s after the manager started", time.Since(started).Round(time.Millisecond))
 
-	// Autoscaled groups leave replicas to the cluster-autoscaler. Cluster
-	// API's defaulting webhook (not registered here) sets it to the
-	// min-size annotation on creation; without it the MachineDeployment
-	// controller cannot roll the group out (v1.14.2 even panics, and
-	// recovers, on the nil replicas) and creates no MachineSet. The fixed
-	// groups converging shows the manager had time to act.
+	// Cluster API's validation runs too: it refuses what its CRDs allow,
+	// such as moving a MachineDeployment to another cluster.
+	moved := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"clusterName":"other"}}`))
+	err = c.Patch(ctx, fixed[0].MachineDeployment.DeepCopy(), moved)
+	if err == nil || !strings.Contains(err.Error(), `admission webhook "validation.machinedeployment.cluster.x-k8s.io" denied`) {
+		t.Errorf("moving %s to another cluster: %v, want Cluster API's validating webhook to refuse", fixed[0].MachineDeployment.GetName(), err)
+	}
+
+	// Autoscaled groups leave replicas to the cluster-autoscaler; Cluster
+	// API's defaulting webhook starts them at the min-size annotation.
 	for _, g := range autoscaled {
 		md := &clusterv1.MachineDeployment{}
-		pollUntil(t, ctx, "Cluster API to take "+g.MachineDeployment.GetName()+" in hand (its finalizer)", func() (bool, string) {
-			err := c.Get(ctx, client.ObjectKeyFromObject(g.MachineDeployment), md)
-			return err == nil && slices.Contains(md.Finalizers, clusterv1.MachineDeploymentFinalizer), fmt.Sprintf("finalizers %v, %v", md.Finalizers, err)
-		})
-		sets, machines, err := machinesOf(ctx, c, md)
-		if err != nil {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(g.MachineDeployment), md); err != nil {
 			t.Fatal(err)
 		}
-		if md.Spec.Replicas != nil || len(sets) != 0 || len(machines) != 0 {
-			t.Errorf("%s: replicas %v, %d MachineSets, %d Machines; want unset, none, none (no defaulting webhook)",
-				md.Name, md.Spec.Replicas, len(sets), len(machines))
-		}
-
-		// Stand in for the defaulting webhook: the min size.
 		minSize, err := strconv.Atoi(md.Annotations[annotationMinSize])
 		if err != nil {
 			t.Fatalf("%s: min-size annotation: %v", md.Name, err)
 		}
-		defaulted := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, minSize))
-		if err := c.Patch(ctx, md, defaulted, client.FieldOwner("defaulting-webhook-stand-in")); err != nil {
-			t.Fatalf("default %s's replicas: %v", md.Name, err)
+		if md.Spec.Replicas == nil || int(*md.Spec.Replicas) != minSize {
+			t.Fatalf("%s: replicas %v, want the min size %d from Cluster API's defaulting webhook", md.Name, md.Spec.Replicas, minSize)
 		}
 		checkGroupMachines(t, ctx, c, g, minSize, tc.Spec.Version)
+
+		// The webhook's replicas went in with the operator's apply, so
+		// the operator owns them until the autoscaler writes; applying
+		// again (without replicas) must not scale the group to nothing.
+		generation := md.Generation
+		apply()
+		if err := c.Get(ctx, client.ObjectKeyFromObject(md), md); err != nil {
+			t.Fatal(err)
+		}
+		if md.Spec.Replicas == nil || int(*md.Spec.Replicas) != minSize || md.Generation != generation {
+			t.Errorf("%s after the operator applied again: replicas %v, generation %d -> %d; want %d, unchanged",
+				md.Name, md.Spec.Replicas, generation, md.Generation, minSize)
+		}
 
 		// The autoscaler scales up through the scale subresource, racing
 		// Cluster API's own writes to the MachineDeployment as it does.
@@ -284,7 +298,7 @@ func machinesOf(ctx context.Context, c client.Client, md *clusterv1.MachineDeplo
 // startCAPIManager runs the Cluster API core manager inside netns until
 // the test ends, logging to a file whose path it returns. If it exits
 // before, exited is called with why.
-func startCAPIManager(t *testing.T, netns *netnstest.NS, bin, kubeconfig string, exited context.CancelCauseFunc) string {
+func startCAPIManager(t *testing.T, netns *netnstest.NS, bin, kubeconfig, certDir string, exited context.CancelCauseFunc) string {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "cluster-api-manager.log")
 	logFile, err := os.Create(logPath)
@@ -294,7 +308,8 @@ func startCAPIManager(t *testing.T, netns *netnstest.NS, bin, kubeconfig string,
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := netns.Command(ctx, bin,
 		"--kubeconfig="+kubeconfig,
-		"--webhook-cert-dir="+testenv.WebhookCertDir(t),
+		"--webhook-cert-dir="+certDir,
+		"--webhook-port="+strconv.Itoa(capiWebhookPort),
 		// 0 turns off the health and diagnostics (metrics) servers.
 		"--health-addr=0",
 		"--diagnostics-address=0",
@@ -317,6 +332,42 @@ func startCAPIManager(t *testing.T, netns *netnstest.NS, bin, kubeconfig string,
 		logFile.Close()
 	})
 	return logPath
+}
+
+// capiWebhookPort is where the manager serves its webhooks, inside its
+// namespace.
+const capiWebhookPort = 9443
+
+// registerCAPIWebhooks exposes the manager's webhook server on the
+// host's loopback, waits until it answers TLS with the certificate in
+// certDir, and registers Cluster API core's webhook configurations
+// there, failing closed as on a real cluster.
+func registerCAPIWebhooks(t *testing.T, ctx context.Context, c client.Client, netns *netnstest.NS, certDir string) {
+	t.Helper()
+	addr := netns.Expose(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(capiWebhookPort)))
+	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	pollUntil(t, ctx, "the Cluster API webhook server", func() (bool, string) {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		if err != nil {
+			return false, err.Error()
+		}
+		conn.Close()
+		return true, ""
+	})
+	configs, err := testenv.CAPIWebhooks(ctx, "https://"+addr, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range configs {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("register %s: %v", obj.GetName(), err)
+		}
+	}
 }
 
 // fileTail is the last n lines of a file.
