@@ -57,6 +57,8 @@ type Reconciler struct {
 	// operator's last apply, so a change by someone else (a new
 	// generation, same hash annotation) is put back.
 	applied sync.Map
+	// writer creates and applies children (SetupWithManager makes it).
+	writer *writer
 }
 
 // Reconcile is level-based: it reads the TenantCluster and its children
@@ -367,10 +369,10 @@ func (r *Reconciler) apply(ctx context.Context, u *unstructured.Unstructured, ex
 		// costs the API server less than a server-side apply that creates
 		// (TestBenchRequestCosts). A put-back after someone edited it is
 		// an apply, like any other child's.
-		err := r.Client.Create(ctx, u, client.FieldOwner(FieldOwner))
+		gen, err := r.writer.create(ctx, u)
 		if err == nil {
 			countWrite("create", key.GVK.Kind)
-			r.applied.Store(cacheKey, u.GetGeneration())
+			r.applied.Store(cacheKey, gen)
 			return true, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
@@ -378,11 +380,12 @@ func (r *Reconciler) apply(ctx context.Context, u *unstructured.Unstructured, ex
 		}
 		// The cache was behind: apply over what is there.
 	}
-	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	gen, err := r.writer.apply(ctx, u)
+	if err != nil {
 		return false, err
 	}
 	countWrite("apply", key.GVK.Kind)
-	r.applied.Store(cacheKey, u.GetGeneration())
+	r.applied.Store(cacheKey, gen)
 	return true, nil
 }
 

@@ -5,6 +5,7 @@ package tenantcluster
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -497,6 +498,96 @@ func TestOperatorNodeGroupChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+}
+
+// TestWriter: the operator's writer against the API server. A create
+// gives generation 1 and a second one AlreadyExists (which apply falls
+// back from); an unchanged apply keeps the generation, a changed one
+// moves it; the fields are the operator's. With fieldValidation=Ignore
+// an apply still refuses an unknown field, a create drops it
+// (TestServerAcceptsChildren creates every child strictly).
+func TestWriter(t *testing.T) {
+	env, _ := startAPIServer(t)
+	ctx := context.Background()
+	tc := fixture(t)
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.Namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWriter(env.Config, mustHTTPClient(t, env.Config), env.Client.RESTMapper())
+	if err != nil {
+		t.Fatal(err)
+	}
+	children, err := Desired(tc, tc.Spec.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := children.Groups[0].MachineTemplate.DeepCopy()
+	tmpl.SetOwnerReferences(nil)
+	if gen, err := w.create(ctx, tmpl.DeepCopy()); err != nil || gen != 1 {
+		t.Fatalf("create %s: generation %d, %v; want 1", tmpl.GetName(), gen, err)
+	}
+	if _, err := w.create(ctx, tmpl.DeepCopy()); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("second create: %v, want AlreadyExists", err)
+	}
+
+	md := children.Groups[0].MachineDeployment.DeepCopy()
+	md.SetOwnerReferences(nil)
+	gen, err := w.apply(ctx, md.DeepCopy())
+	if err != nil || gen != 1 {
+		t.Fatalf("apply %s: generation %d, %v; want 1", md.GetName(), gen, err)
+	}
+	if again, err := w.apply(ctx, md.DeepCopy()); err != nil || again != gen {
+		t.Errorf("unchanged apply: generation %d -> %d, %v", gen, again, err)
+	}
+	changed := md.DeepCopy()
+	if err := unstructured.SetNestedField(changed.Object, int64(300), "spec", "template", "spec", "minReadySeconds"); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := w.apply(ctx, changed.DeepCopy()); err != nil || moved != gen+1 {
+		t.Errorf("changed apply: generation %d -> %d, %v", gen, moved, err)
+	}
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(md.GroupVersionKind())
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(md), got); err != nil {
+		t.Fatal(err)
+	}
+	if m := managers(got); len(m) != 1 || m[0] != FieldOwner+"/Apply" {
+		t.Errorf("field managers %v, want %s/Apply alone", m, FieldOwner)
+	}
+
+	// Unknown fields: server-side apply refuses them whatever the field
+	// validation (it builds a typed patch from the schema); a create
+	// drops them.
+	if err := unstructured.SetNestedField(changed.Object, "x", "spec", "noSuchField"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.apply(ctx, changed); err == nil || !strings.Contains(err.Error(), "noSuchField: field not declared in schema") {
+		t.Errorf("apply with an unknown field: %v, want it refused", err)
+	}
+	odd := tmpl.DeepCopy()
+	odd.SetName(tmpl.GetName() + "-odd")
+	if err := unstructured.SetNestedField(odd.Object, "x", "spec", "noSuchField"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.create(ctx, odd); err != nil {
+		t.Fatalf("create with an unknown field: %v", err)
+	}
+	got.SetGroupVersionKind(odd.GroupVersionKind())
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(odd), got); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := unstructured.NestedFieldNoCopy(got.Object, "spec", "noSuchField"); found {
+		t.Error("a create stored the unknown field")
+	}
+}
+
+func mustHTTPClient(t *testing.T, cfg *rest.Config) *http.Client {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hc
 }
 
 // TestFinalizerPolicy: with the chart's admission policy, the API server

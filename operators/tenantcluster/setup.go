@@ -87,6 +87,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
+	w, err := newWriter(mgr.GetConfig(), mgr.GetHTTPClient(), mgr.GetRESTMapper())
+	if err != nil {
+		return err
+	}
+	r.writer = w
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("tenantcluster").
 		For(&v1.TenantCluster{}, builder.WithPredicates(tenantClusterChanged)).
