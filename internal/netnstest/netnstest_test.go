@@ -80,15 +80,7 @@ func TestForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }() // echo
-		}
-	}()
+	go echo(ln)
 	ns.Forward(t, ln.Addr().String())
 
 	err = ns.Do(func() error {
@@ -132,15 +124,7 @@ func TestExpose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }() // echo
-		}
-	}()
+	go echo(ln)
 	addr := ns.Expose(t, ln.Addr().String())
 	if addr == ln.Addr().String() {
 		t.Fatalf("exposed at %s, the namespace's own address", addr)
@@ -158,5 +142,16 @@ func TestExpose(t *testing.T) {
 	}
 	if !bytes.Equal(got, msg) {
 		t.Fatalf("echo: %d bytes back, want %d", len(got), len(msg))
+	}
+}
+
+// echo serves ln until it closes, sending back what each connection sends.
+func echo(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -106,60 +106,37 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 		return nil, err
 	}
 	defer f.Close()
-	point := func(c *admissionv1.WebhookClientConfig) error {
-		if c.Service == nil || c.Service.Path == nil {
-			return fmt.Errorf("%s: a webhook without a service path", file)
-		}
-		c.URL = new(baseURL + *c.Service.Path)
-		c.Service, c.CABundle = nil, caPEM
-		return nil
-	}
 	var out []client.Object
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
 	for {
-		var doc struct {
-			Kind string `json:"kind"`
-		}
-		var buf json.RawMessage
-		if err := dec.Decode(&buf); err != nil {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
 			if errors.Is(err, io.EOF) {
 				break
 			}
 			return nil, fmt.Errorf("%s: %w", file, err)
 		}
-		if err := json.Unmarshal(buf, &doc); err != nil {
-			return nil, err
-		}
-		switch doc.Kind {
+		switch u.GetKind() {
 		case "":
 			continue
-		case "MutatingWebhookConfiguration":
-			m := &admissionv1.MutatingWebhookConfiguration{}
-			if err := json.Unmarshal(buf, m); err != nil {
-				return nil, err
-			}
-			m.Name = "capi-core-" + m.Name
-			for i := range m.Webhooks {
-				if err := point(&m.Webhooks[i].ClientConfig); err != nil {
-					return nil, err
-				}
-			}
-			out = append(out, m)
-		case "ValidatingWebhookConfiguration":
-			v := &admissionv1.ValidatingWebhookConfiguration{}
-			if err := json.Unmarshal(buf, v); err != nil {
-				return nil, err
-			}
-			v.Name = "capi-core-" + v.Name
-			for i := range v.Webhooks {
-				if err := point(&v.Webhooks[i].ClientConfig); err != nil {
-					return nil, err
-				}
-			}
-			out = append(out, v)
+		case "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration":
 		default:
-			return nil, fmt.Errorf("%s: unexpected %s", file, doc.Kind)
+			return nil, fmt.Errorf("%s: unexpected %s", file, u.GetKind())
 		}
+		u.SetName("capi-core-" + u.GetName())
+		hooks, _, _ := unstructured.NestedSlice(u.Object, "webhooks")
+		for _, h := range hooks {
+			hook, _ := h.(map[string]any)
+			path, ok, _ := unstructured.NestedString(hook, "clientConfig", "service", "path")
+			if !ok {
+				return nil, fmt.Errorf("%s: webhook %v has no service path", file, hook["name"])
+			}
+			hook["clientConfig"] = map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+		}
+		if err := unstructured.SetNestedSlice(u.Object, hooks, "webhooks"); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
 	}
 	if len(out) != 2 {
 		return nil, fmt.Errorf("%s: %d webhook configurations, want a mutating and a validating one", file, len(out))

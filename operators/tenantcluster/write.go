@@ -57,27 +57,24 @@ func newWriter(cfg *rest.Config, httpClient *http.Client, mapper apimeta.RESTMap
 
 // create POSTs u and returns its generation.
 func (w *writer) create(ctx context.Context, u *unstructured.Unstructured) (int64, error) {
-	path, err := w.path(u, false)
-	if err != nil {
-		return 0, err
-	}
-	body, err := json.Marshal(u.Object)
-	if err != nil {
-		return 0, err
-	}
-	out := &metav1.PartialObjectMetadata{}
-	err = w.rest.Post().AbsPath(path).
-		SetHeader("Content-Type", "application/json").
-		Param("fieldManager", FieldOwner).
-		Param("fieldValidation", metav1.FieldValidationIgnore).
-		Body(body).Do(ctx).Into(out)
-	return out.Generation, err
+	return w.send(ctx, u, false, func(path string) *rest.Request {
+		return w.rest.Post().AbsPath(path).SetHeader("Content-Type", "application/json")
+	})
 }
 
 // apply server-side applies u as FieldOwner, taking over conflicting
 // fields, and returns its generation.
 func (w *writer) apply(ctx context.Context, u *unstructured.Unstructured) (int64, error) {
-	path, err := w.path(u, true)
+	return w.send(ctx, u, true, func(path string) *rest.Request {
+		return w.rest.Patch(types.ApplyPatchType).AbsPath(path).Param("force", "true")
+	})
+}
+
+// send sends u as the body of the request that req makes for u's path
+// (its own with named, else its collection's), as FieldOwner, and
+// returns the generation in the reply.
+func (w *writer) send(ctx context.Context, u *unstructured.Unstructured, named bool, req func(path string) *rest.Request) (int64, error) {
+	path, err := w.path(u, named)
 	if err != nil {
 		return 0, err
 	}
@@ -86,9 +83,8 @@ func (w *writer) apply(ctx context.Context, u *unstructured.Unstructured) (int64
 		return 0, err
 	}
 	out := &metav1.PartialObjectMetadata{}
-	err = w.rest.Patch(types.ApplyPatchType).AbsPath(path).
+	err = req(path).
 		Param("fieldManager", FieldOwner).
-		Param("force", "true").
 		Param("fieldValidation", metav1.FieldValidationIgnore).
 		Body(body).Do(ctx).Into(out)
 	return out.Generation, err
