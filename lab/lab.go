@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,6 +46,13 @@ type Config struct {
 	Dir string
 	// Accel is auto, kvm or tcg.
 	Accel string
+	// Factory is the Talos Image Factory of --image talos (the rack's
+	// talos.factory); empty means the public one.
+	Factory string `json:",omitempty"`
+	// Internet gives the VMs a way out of the lab's namespace (NAT
+	// through this machine), which real Talos needs to pull its
+	// installer. Off unless asked for.
+	Internet bool `json:",omitempty"`
 }
 
 // Defaults for a lab; `cozyctl lab up --help` shows them.
@@ -117,9 +125,16 @@ func (c *Config) SetDefaults() error {
 	switch c.Image {
 	case "emulated":
 	case "talos":
-		errs = append(errs, errors.New("--image talos needs the Talos Image Factory, which this machine cannot reach; use --image emulated"))
+		if !c.Internet {
+			errs = append(errs, errors.New("--image talos: real Talos nodes pull their installer from the Image Factory's registry; add --internet to let the lab's VMs out (NAT through this machine)"))
+		}
 	default:
 		errs = append(errs, fmt.Errorf("--image %q: use emulated or talos", c.Image))
+	}
+	if c.Factory != "" {
+		if u, err := url.Parse(c.Factory); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--factory %q: want the Image Factory's http(s) URL", c.Factory))
+		}
 	}
 	switch c.Accel {
 	case "auto", "kvm", "tcg":
@@ -209,8 +224,14 @@ network:
     mode: full               # the lab's netboot server is its only DHCP server
     range: %[6]s-%[7]s
 `, c.Name, Bridge, Namespace(c.Name), filepath.Join(c.Dir, "rack.yaml"), Subnet, RangeFrom, RangeTo)
+	if c.Internet {
+		fmt.Fprintf(&b, "  gateway: %s          # --internet: out through this machine (NAT)\n  dns: [%s]\n", ServerIP, strings.Join(resolvers(), ", "))
+	}
 	if c.ControlPlanes > 1 {
 		fmt.Fprintf(&b, "cluster:\n  vip: %s                 # the API endpoint: the control planes elect its holder\n", VIP)
+	}
+	if c.Factory != "" {
+		fmt.Fprintf(&b, "talos:\n  factory: %s\n", c.Factory)
 	}
 	b.WriteString("machines:\n")
 	for _, m := range c.Machines() {

@@ -1,13 +1,18 @@
 package lab
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/imagefactory/factorytest"
 	"cozy.dev/cozy/bootstrap/rack"
 )
 
@@ -78,7 +83,9 @@ func TestSetDefaults(t *testing.T) {
 		{Config{ControlPlanes: 2}, "--controlplanes 2"},
 		{Config{Nodes: 2, ControlPlanes: 3}, "--nodes 2"},
 		{Config{Firmware: "coreboot"}, "--firmware"},
-		{Config{Image: "talos"}, "cannot reach"},
+		{Config{Image: "talos"}, "add --internet"},
+		{Config{Image: "talos", Internet: true}, ""},
+		{Config{Factory: "factory.example.com"}, "--factory"},
 		{Config{Accel: "hvf"}, "--accel"},
 		{Config{MemoryMiB: 128}, "--memory"},
 	}
@@ -154,5 +161,40 @@ func TestMilestones(t *testing.T) {
 	got = milestones(strings.NewReader(ev(40, "w1", "discovered")+ev(45, "cp1", "discovered")+ev(50, "w1", "applied")+"panic: oops\n"), 0, 2)
 	if want := []Milestone{{"all machines in maintenance mode", 45 * time.Second}}; !slices.Equal(got, want) {
 		t.Errorf("partial run: got %v, want %v", got, want)
+	}
+}
+
+// TestTalosImage: --image talos registers the lab rack's schematic with
+// the factory the lab names and fetches its kernel and initramfs into the
+// cache; the rack the bootstrap reads names the same factory.
+func TestTalosImage(t *testing.T) {
+	t.Setenv("COZY_CACHE_DIR", t.TempDir())
+	f := factorytest.Start(t)
+	c := Config{Name: "t", Dir: t.TempDir(), Image: "talos", Internet: true, Factory: f.URL}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	img, err := TalosImage(context.Background(), &c, f.HTTP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := r.Talos.Schematic.SchematicID()
+	if r.Network.Gateway != ServerIP.String() || len(r.Network.DNS) == 0 {
+		t.Errorf("with --internet the rack's network has gateway %q and DNS %v; want the netboot server's address and resolvers", r.Network.Gateway, r.Network.DNS)
+	}
+	if r.Talos.Factory != f.URL {
+		t.Errorf("the rack's factory is %s, want the lab's %s", r.Talos.Factory, f.URL)
+	}
+	want := filepath.Join(os.Getenv("COZY_CACHE_DIR"), "talos", id, r.Talos.Version)
+	if img.Kernel != filepath.Join(want, "kernel-amd64") || len(img.Initrds) != 1 || img.Initrds[0] != filepath.Join(want, "initramfs-amd64.xz") {
+		t.Errorf("image %+v, want the assets under %s", img, want)
+	}
+	kernel, err := os.ReadFile(img.Kernel)
+	if err != nil || !bytes.Equal(kernel, factorytest.Kernel()) {
+		t.Errorf("kernel: %v", err)
 	}
 }

@@ -112,7 +112,15 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		return res, err
 	}
 	machines := c.Machines()
-	if err := step("network", func() error { return createNetwork(ctx, c.Name, machines) }); err != nil {
+	if err := step("network", func() error {
+		if err := createNetwork(ctx, c.Name, machines); err != nil {
+			return err
+		}
+		if c.Internet {
+			return enableInternet(ctx, c.Name, "")
+		}
+		return nil
+	}); err != nil {
 		return res, err
 	}
 	if err := startRouterAdvertiser(ctx, c.Name, c.Dir); err != nil {
@@ -262,6 +270,10 @@ func Down(ctx context.Context, c *Config, purge bool) error {
 		c.stopVM(m)
 	}
 	if err := deleteNetwork(ctx, c.Name); err != nil {
+		return err
+	}
+	// Whether or not the lab had --internet: nothing to remove is fine.
+	if err := disableInternet(ctx, c.Name, ""); err != nil {
 		return err
 	}
 	if purge {

@@ -24,7 +24,8 @@ func newLabCommand(g *Globals) *cobra.Command {
 		Long: `A lab is a rack of QEMU virtual machines in a private network namespace: a
 bridge, one tap per VM, Cozy's netboot server in full DHCP mode, and
 'cozyctl bootstrap' taking the VMs from their first PXE boot to a cluster.
-Nothing leaves the namespace. Needs root, qemu-system-x86, ovmf and ipxe.`,
+Nothing leaves the namespace unless --internet says so. Needs root,
+qemu-system-x86, ovmf and ipxe.`,
 	}
 	var name, dir string
 	cmd.PersistentFlags().StringVar(&name, "name", lab.DefaultName, "the lab's name")
@@ -48,7 +49,8 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 		Use:   "up",
 		Short: "Build the lab's VMs and network, netboot them and bootstrap the cluster",
 		Example: `  cozyctl lab up                              # 3 VMs, BIOS and UEFI mixed
-  cozyctl lab up --nodes 6 --controlplanes 3 --firmware uefi`,
+  cozyctl lab up --nodes 6 --controlplanes 3 --firmware uefi
+  cozyctl lab up --image talos --internet            # real Talos (an online machine)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c.Name, c.Dir = *name, *dir
@@ -62,7 +64,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			res, err := lab.Up(ctx, &c, lab.UpOptions{
-				Cozyctl: self, Image: labImage, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
+				Cozyctl: self, Image: func(ctx context.Context) (lab.Image, error) { return labImage(ctx, &c) }, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
 			})
 			if res != nil {
 				printPhases(g.stderr, res)
@@ -79,7 +81,9 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	f.IntVar(&c.Nodes, "nodes", lab.DefaultNodes, "VMs in the rack")
 	f.IntVar(&c.ControlPlanes, "controlplanes", 1, "control planes among them: 1 or 3")
 	f.StringVar(&c.Firmware, "firmware", lab.FirmwareMixed, "bios, uefi, or mixed (alternating)")
-	f.StringVar(&c.Image, "image", "emulated", "node image: emulated (the emulated Talos node) or talos (needs the Image Factory)")
+	f.StringVar(&c.Image, "image", "emulated", "node image: emulated (the emulated Talos node) or talos (real Talos from the Image Factory; needs --internet)")
+	f.StringVar(&c.Factory, "factory", "", "the Talos Image Factory of --image talos (default the rack's, https://factory.talos.dev)")
+	f.BoolVar(&c.Internet, "internet", false, "let the VMs out of the lab's namespace, NATed through this machine (turns on its IPv4 forwarding); off by default")
 	f.IntVar(&c.MemoryMiB, "memory", lab.DefaultMemoryMiB, "MiB of memory per VM")
 	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
@@ -198,7 +202,10 @@ func newLabConsoleCommand(g *Globals, load func() (*lab.Config, error)) *cobra.C
 // kernel of $COZY_BOOT_ASSETS, busybox, cozy-talos-node from next to this
 // cozyctl, and etcd and kube-apiserver from $KUBEBUILDER_ASSETS. `make lab`
 // sets both variables.
-func labImage(ctx context.Context) (lab.Image, error) {
+func labImage(ctx context.Context, c *lab.Config) (lab.Image, error) {
+	if c.Image == "talos" {
+		return lab.TalosImage(ctx, c, nil)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return lab.Image{}, err

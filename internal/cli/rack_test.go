@@ -145,7 +145,8 @@ func TestLabCommands(t *testing.T) {
 		wantOut string
 	}{
 		{[]string{"lab", "up", "--dir", dir, "--controlplanes", "2"}, 1, "--controlplanes 2: use 1 or 3"},
-		{[]string{"lab", "up", "--dir", dir, "--image", "talos"}, 1, "cannot reach"},
+		{[]string{"lab", "up", "--dir", dir, "--image", "talos"}, 1, "add --internet"},
+		{[]string{"lab", "up", "--dir", dir, "--image", "talos", "--internet", "--factory", "factory.example.com"}, 1, "--factory \"factory.example.com\": want the Image Factory's http(s) URL"},
 		{[]string{"lab", "down", "--dir", dir}, 0, "nothing to remove"},
 		{[]string{"lab", "status", "--dir", dir}, 1, "no lab in"},
 		{[]string{"lab", "console", "cp1", "--dir", dir}, 1, "no lab in"},
