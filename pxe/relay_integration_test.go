@@ -4,7 +4,9 @@ package pxe_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -82,6 +84,47 @@ func TestFullModePools(t *testing.T) {
 	}
 	if l.ACK.YourIPAddr.String() != "10.77.0.88" || l.ACK.Router()[0].String() != serverAddr {
 		t.Errorf("local client: %s, want its reservation 10.77.0.88 with router %s", l.ACK.Summary(), serverAddr)
+	}
+}
+
+// TestRackRelayedPools: `pxe serve --rack` with network.dhcp.relayed
+// serves a machine behind the relay at the address the rack gives it,
+// with its network's router and DNS, and only the rack's machines.
+func TestRackRelayedPools(t *testing.T) {
+	r, relay := newRelayRig(t)
+	rackFile := filepath.Join(t.TempDir(), "rack.yaml")
+	rackYAML := fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata: {name: relayed}
+network:
+  interface: boot0
+  subnet: 10.77.0.0/24
+  dhcp:
+    mode: full
+    range: 10.77.0.100-10.77.0.150
+    relayed:
+      - {subnet: 10.80.1.0/24, range: 10.80.1.100-10.80.1.150, gateway: 10.80.1.1, dns: [10.77.0.1]}
+machines:
+  - hostname: w1
+    role: controlplane
+    mac: "%s"
+    install: {disk: /dev/vda}
+    interfaces:
+      - {mac: "%s", addresses: [10.80.1.77/24], gateway: 10.80.1.1}
+`, mac(7), mac(7))
+	if err := os.WriteFile(rackFile, []byte(rackYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.start(t, "--rack", rackFile)
+	relayLog := runRelay(t, relay)
+
+	ack := leaseThroughRelay(t, r, mac(7), relayLog)
+	if ack.YourIPAddr.String() != "10.80.1.77" || len(ack.Router()) != 1 || ack.Router()[0].String() != "10.80.1.1" ||
+		len(ack.DNS()) != 1 || ack.DNS()[0].String() != "10.77.0.1" {
+		t.Errorf("the rack's machine behind the relay: %s, want 10.80.1.77, router 10.80.1.1, DNS 10.77.0.1", ack.Summary())
+	}
+	if !hasLine(r.stderr.String(), `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1") {
+		t.Errorf("the ACK did not go back through the relay:\n%s", r.stderr)
 	}
 }
 

@@ -41,11 +41,26 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 		if n.Gateway != "" {
 			cfg.Gateway = netip.MustParseAddr(n.Gateway)
 		}
-		for _, d := range n.DNS {
-			if a, err := netip.ParseAddr(d); err == nil && a.Is4() {
-				cfg.DNS = append(cfg.DNS, a)
+		cfg.DNS = ipv4s(n.DNS)
+		for i, p := range n.DHCP.Relayed {
+			nw := pxe.Network{DNS: ipv4s(p.DNS)}
+			if nw.Subnet, err = netip.ParsePrefix(p.Subnet); err != nil {
+				return cfg, fmt.Errorf("network.dhcp.relayed[%d].subnet: %w", i, err)
 			}
+			if nw.Pool, err = lease.ParsePool(p.Range); err != nil {
+				return cfg, fmt.Errorf("network.dhcp.relayed[%d].range: %w", i, err)
+			}
+			if p.Gateway != "" {
+				if nw.Gateway, err = netip.ParseAddr(p.Gateway); err != nil {
+					return cfg, fmt.Errorf("network.dhcp.relayed[%d].gateway: %w", i, err)
+				}
+			}
+			cfg.Networks = append(cfg.Networks, nw)
 		}
+	}
+	networks := []netip.Prefix{subnet}
+	for _, nw := range cfg.Networks {
+		networks = append(networks, nw.Subnet)
 	}
 	for _, m := range r.Machines {
 		if m.MAC == "" {
@@ -58,7 +73,7 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 		cfg.AllowMACs = append(cfg.AllowMACs, hw)
 		// A machine keeps in maintenance mode the address it will have
 		// once configured, so discovery finds it where the rack says.
-		if a := provisioningAddress(&m, subnet); a.IsValid() && n.DHCP.Mode == rack.DHCPModeFull {
+		if a := provisioningAddress(&m, networks); a.IsValid() && n.DHCP.Mode == rack.DHCPModeFull {
 			if cfg.Reservations == nil {
 				cfg.Reservations = map[string]netip.Addr{}
 			}
@@ -80,19 +95,38 @@ func NeedsUnknown(r *rack.Rack) bool {
 }
 
 // provisioningAddress is the machine's static address on the NIC it
-// netboots from, when that address is in the provisioning subnet.
-func provisioningAddress(m *rack.Machine, subnet netip.Prefix) netip.Addr {
+// netboots from, when that address is on a network the server leases on
+// (the provisioning subnet, or one behind a relay).
+func provisioningAddress(m *rack.Machine, networks []netip.Prefix) netip.Addr {
 	for _, in := range m.Interfaces {
 		if in.MAC != m.MAC && !(in.Bond != nil && contains(in.Bond.MACs, m.MAC)) {
 			continue
 		}
 		for _, s := range in.Addresses {
-			if p, err := netip.ParsePrefix(s); err == nil && subnet.Contains(p.Addr()) {
-				return p.Addr()
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				continue
+			}
+			for _, n := range networks {
+				if n.Contains(p.Addr()) {
+					return p.Addr()
+				}
 			}
 		}
 	}
 	return netip.Addr{}
+}
+
+// ipv4s are the IPv4 addresses among list (the rack allows IPv6 DNS
+// servers too; DHCPv4 cannot hand them out).
+func ipv4s(list []string) []netip.Addr {
+	var out []netip.Addr
+	for _, d := range list {
+		if a, err := netip.ParseAddr(d); err == nil && a.Is4() {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func contains(list []string, s string) bool {

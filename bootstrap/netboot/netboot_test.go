@@ -1,6 +1,7 @@
 package netboot
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -75,5 +76,53 @@ machines:
 	}
 	if !NeedsUnknown(r) {
 		t.Error("w2 has only a UUID: the server must boot unknown MACs")
+	}
+}
+
+// Pools behind relays: each becomes a network of the server's, and a
+// machine whose address is on one gets it reserved there.
+func TestConfigRelayedPools(t *testing.T) {
+	r, err := rack.Parse([]byte(`apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata: {name: t}
+network:
+  interface: br0
+  subnet: 10.8.0.0/24
+  dhcp:
+    mode: full
+    range: 10.8.0.100-10.8.0.150
+    relayed:
+      - {subnet: 10.80.1.0/24, range: 10.80.1.100-10.80.1.199, gateway: 10.80.1.1, dns: [10.8.0.1]}
+      - {subnet: 10.80.2.0/24, range: 10.80.2.100-10.80.2.199}
+machines:
+  - hostname: cp1
+    role: controlplane
+    mac: 52:54:00:00:00:01
+    install: {disk: /dev/vda}
+    interfaces:
+      - {mac: 52:54:00:00:00:01, addresses: [10.8.0.11/24]}
+  - hostname: w1
+    mac: 52:54:00:00:00:02
+    install: {disk: /dev/vda}
+    interfaces:
+      - {mac: 52:54:00:00:00:02, addresses: [10.80.2.21/24], gateway: 10.80.2.1}
+`), "t.yaml", ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Config(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nets []string
+	for _, n := range cfg.Networks {
+		nets = append(nets, fmt.Sprintf("%s %s gw=%v dns=%v", n.Subnet, n.Pool, n.Gateway, n.DNS))
+	}
+	want := "10.80.1.0/24 10.80.1.100-10.80.1.199 gw=10.80.1.1 dns=[10.8.0.1]; 10.80.2.0/24 10.80.2.100-10.80.2.199 gw=invalid IP dns=[]"
+	if got := strings.Join(nets, "; "); got != want {
+		t.Errorf("networks:\n got %s\nwant %s", got, want)
+	}
+	if got := cfg.Reservations["52:54:00:00:00:02"]; got != netip.MustParseAddr("10.80.2.21") {
+		t.Errorf("w1 behind a relay: reservation %v, want 10.80.2.21", got)
 	}
 }

@@ -104,6 +104,18 @@ type DHCP struct {
 	Range string `yaml:"range,omitempty" json:"range,omitempty"`
 	// LeaseTime is a Go duration (default 1h).
 	LeaseTime string `yaml:"leaseTime,omitempty" json:"leaseTime,omitempty"`
+	// Relayed are pools on other networks, whose machines reach the
+	// netboot server through a DHCP relay agent (full mode): a relayed
+	// request is answered from the pool of its relay's network.
+	Relayed []RelayedPool `yaml:"relayed,omitempty" json:"relayed,omitempty"`
+}
+
+// RelayedPool is the address pool of one network behind a DHCP relay.
+type RelayedPool struct {
+	Subnet  string   `yaml:"subnet" json:"subnet"`
+	Range   string   `yaml:"range" json:"range"`
+	Gateway string   `yaml:"gateway,omitempty" json:"gateway,omitempty"`
+	DNS     []string `yaml:"dns,omitempty" json:"dns,omitempty"`
 }
 
 // Registries configures image pulls on every node.

@@ -247,22 +247,60 @@ func (r *Rack) validateNetwork() []Problem {
 	case d.Range == "" && d.Mode == DHCPModeFull:
 		ps = append(ps, errorf("network.dhcp.range", "required in full mode: the FROM-TO addresses to lease"))
 	case d.Range != "":
-		from, to, ok := strings.Cut(d.Range, "-")
-		a, aerr := netip.ParseAddr(strings.TrimSpace(from))
-		b, berr := netip.ParseAddr(strings.TrimSpace(to))
-		switch {
-		case !ok || aerr != nil || berr != nil || !a.Is4() || !b.Is4():
-			ps = append(ps, errorf("network.dhcp.range", "%q is not FROM-TO, e.g. 192.168.100.100-192.168.100.199", d.Range))
-		case b.Less(a):
-			ps = append(ps, errorf("network.dhcp.range", "%s comes after %s", a, b))
-		case subnet.IsValid() && (!subnet.Contains(a) || !subnet.Contains(b)):
-			ps = append(ps, errorf("network.dhcp.range", "%s is not inside network.subnet %s", d.Range, subnet))
-		}
+		ps = append(ps, validateRange("network.dhcp.range", d.Range, subnet, "network.subnet")...)
 	}
 	if lt, err := time.ParseDuration(d.LeaseTime); err != nil || lt < time.Minute {
 		ps = append(ps, errorf("network.dhcp.leaseTime", "%q is not a duration of at least 1m, such as 1h", d.LeaseTime))
 	}
+	if len(d.Relayed) > 0 && d.Mode != DHCPModeFull {
+		ps = append(ps, errorf("network.dhcp.relayed", "pools behind relays are leased in full mode only: set network.dhcp.mode to full"))
+	}
+	networks := []netip.Prefix{subnet}
+	for i, p := range d.Relayed {
+		path := fmt.Sprintf("network.dhcp.relayed[%d]", i)
+		sub, err := netip.ParsePrefix(p.Subnet)
+		if err != nil || !sub.Addr().Is4() || sub != sub.Masked() {
+			ps = append(ps, errorf(path+".subnet", "%q is not an IPv4 network CIDR such as 10.80.1.0/24", p.Subnet))
+			continue
+		}
+		if j := slices.IndexFunc(networks, func(o netip.Prefix) bool { return o.IsValid() && o.Overlaps(sub) }); j >= 0 {
+			ps = append(ps, errorf(path+".subnet", "%s overlaps %s: each address must belong to one pool", sub, networks[j]))
+		}
+		networks = append(networks, sub)
+		if p.Range == "" {
+			ps = append(ps, errorf(path+".range", "required: the FROM-TO addresses to lease on %s", sub))
+		} else {
+			ps = append(ps, validateRange(path+".range", p.Range, sub, path+".subnet")...)
+		}
+		if p.Gateway != "" {
+			if a, err := netip.ParseAddr(p.Gateway); err != nil || !a.Is4() || !sub.Contains(a) {
+				ps = append(ps, errorf(path+".gateway", "%q is not an IPv4 address in %s", p.Gateway, sub))
+			}
+		}
+		for j, dns := range p.DNS {
+			if a, err := netip.ParseAddr(dns); err != nil || !a.Is4() {
+				ps = append(ps, errorf(fmt.Sprintf("%s.dns[%d]", path, j), "%q is not an IPv4 address", dns))
+			}
+		}
+	}
 	return ps
+}
+
+// validateRange checks a FROM-TO pool at path against its network
+// (named subnetPath in messages).
+func validateRange(path, r string, subnet netip.Prefix, subnetPath string) []Problem {
+	from, to, ok := strings.Cut(r, "-")
+	a, aerr := netip.ParseAddr(strings.TrimSpace(from))
+	b, berr := netip.ParseAddr(strings.TrimSpace(to))
+	switch {
+	case !ok || aerr != nil || berr != nil || !a.Is4() || !b.Is4():
+		return []Problem{errorf(path, "%q is not FROM-TO, e.g. 192.168.100.100-192.168.100.199", r)}
+	case b.Less(a):
+		return []Problem{errorf(path, "%s comes after %s", a, b)}
+	case subnet.IsValid() && (!subnet.Contains(a) || !subnet.Contains(b)):
+		return []Problem{errorf(path, "%s is not inside %s %s", r, subnetPath, subnet)}
+	}
+	return nil
 }
 
 func (r *Rack) validateMachines() []Problem {

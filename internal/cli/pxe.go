@@ -286,6 +286,9 @@ func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
 	if !set("reserve") {
 		cfg.Reservations = base.Reservations
 	}
+	if !set("pool") {
+		cfg.Networks = base.Networks
+	}
 	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
 	cfg.Talos = true
 	return checkRackBoot(r, *cfg, "")
