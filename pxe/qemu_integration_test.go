@@ -93,6 +93,10 @@ type vm struct {
 	mac      net.HardwareAddr
 	tap      string
 	serial   string
+	// httpBoot turns OVMF's PXE off (fw_cfg knobs OVMF reads at start),
+	// so its boot manager goes on to UEFI HTTP boot, as on a server
+	// whose firmware is set to HTTP boot only.
+	httpBoot bool
 }
 
 // nicROM picks the NIC's boot ROM. SeaBIOS can only netboot through an
@@ -137,13 +141,19 @@ func (v *vm) args(t *testing.T, dir string) []string {
 		args = append(args, "-machine", "q35",
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
 			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
+		if v.httpBoot {
+			for _, knob := range []string{"IPv4PXESupport", "IPv6PXESupport", "IPv6Support"} {
+				args = append(args, "-fw_cfg", "name=opt/org.tianocore/"+knob+",string=no")
+			}
+		}
 	} else {
 		args = append(args, "-machine", "pc")
 	}
 	return args
 }
 
-// TestQEMUNetboot PXE-boots a SeaBIOS VM and an OVMF VM from `cozyctl pxe
+// TestQEMUNetboot netboots a SeaBIOS VM (PXE), an OVMF VM (UEFI PXE) and
+// an OVMF VM with PXE turned off (UEFI HTTP boot) from `cozyctl pxe
 // serve` in proxy mode, beside dnsmasq handing out the addresses, into a
 // Debian kernel and a busybox initramfs.
 func TestQEMUNetboot(t *testing.T) {
@@ -175,6 +185,7 @@ func TestQEMUNetboot(t *testing.T) {
 	vms := []*vm{
 		{name: "bios", firmware: "bios", uuid: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
 		{name: "uefi", firmware: "uefi", uuid: "12345678-9abc-def0-1234-56789abcdef0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
+		{name: "uefi-http", firmware: "uefi", httpBoot: true, uuid: "9abcdef0-1234-5678-9abc-def012345678", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x12}, tap: "tap2"},
 	}
 	for _, v := range vms {
 		ns.IP(t, "tuntap", "add", v.tap, "mode", "tap")
@@ -266,6 +277,12 @@ func TestQEMUNetboot(t *testing.T) {
 	// The UEFI VM took the firmware PXE path: TFTP of Debian's ipxe.efi.
 	if !hasLine(serverLog.String(), "tftp sent", "file=ipxe.efi") {
 		t.Errorf("UEFI VM did not load ipxe.efi over TFTP:\n%s", serverLog.String())
+	}
+	// The HTTP boot VM: an offer with the URL of ipxe.efi, which the
+	// firmware's own HTTP client then fetched.
+	if !hasLine(serverLog.String(), "dhcp reply", "mac=52:54:00:c0:21:12", "file=http://"+server+":8080/boot/ipxe.efi") ||
+		!hasLine(serverLog.String(), "msg=http", "method=GET", "path=/boot/ipxe.efi", "agent=UefiHttpBoot", "status=200") {
+		t.Errorf("UEFI HTTP boot VM did not load ipxe.efi over HTTP:\n%s", serverLog.String())
 	}
 	for _, v := range vms {
 		serial, _ := os.ReadFile(v.serial)
