@@ -21,13 +21,7 @@ import (
 // per VM on it; a second `up` is refused; `down` removes everything and can
 // run twice.
 func TestNetworkUpDown(t *testing.T) {
-	if os.Geteuid() != 0 {
-		prereq.Missing(t, "network namespaces need root")
-	}
-	c := Config{Name: fmt.Sprintf("t%d", os.Getpid()), Nodes: 2, Dir: t.TempDir()}
-	if err := c.SetDefaults(); err != nil {
-		t.Fatal(err)
-	}
+	c := testLab(t, "t", 2)
 	ctx := context.Background()
 	t.Cleanup(func() { _ = Down(ctx, &c, false) })
 	if err := createNetwork(ctx, c.Name, c.Machines()); err != nil {
@@ -75,13 +69,7 @@ func TestNetworkUpDown(t *testing.T) {
 // the outside address only, and has no route back to the lab. Without
 // it, and after disableInternet (harmless twice), nothing gets out.
 func TestInternet(t *testing.T) {
-	if os.Geteuid() != 0 {
-		prereq.Missing(t, "network namespaces need root")
-	}
-	c := Config{Name: fmt.Sprintf("i%d", os.Getpid()), Nodes: 1, Dir: t.TempDir()}
-	if err := c.SetDefaults(); err != nil {
-		t.Fatal(err)
-	}
+	c := testLab(t, "i", 1)
 	ctx := context.Background()
 	outside, inet, vm := netnstest.New(t, "host"), netnstest.New(t, "inet"), netnstest.New(t, "vm")
 	t.Cleanup(func() { _ = deleteNetwork(ctx, c.Name); _ = disableInternet(ctx, c.Name, outside.Name) })
@@ -157,4 +145,18 @@ func TestInternet(t *testing.T) {
 	if out, _ := outside.Command(ctx, "nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), "cozy-lab-") {
 		t.Errorf("the lab's nftables table survived:\n%s", out)
 	}
+}
+
+// testLab is the config of a lab of nodes VMs named prefix and this
+// process's ID (so concurrent test runs do not meet), in a temporary dir.
+func testLab(t *testing.T, prefix string, nodes int) Config {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		prereq.Missing(t, "network namespaces need root")
+	}
+	c := Config{Name: fmt.Sprintf("%s%d", prefix, os.Getpid()), Nodes: nodes, Dir: t.TempDir()}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -10,23 +10,12 @@ import (
 )
 
 func TestConfigFromRack(t *testing.T) {
-	r, err := rack.Parse([]byte(`apiVersion: cozy.dev/v1alpha1
-kind: Rack
-metadata: {name: t}
-network:
-  interface: br0
-  subnet: 10.8.0.0/24
+	r := parseRack(t, `
   gateway: 10.8.0.1
   dns: [10.8.0.1]
   dhcp: {mode: full, range: 10.8.0.100-10.8.0.150, leaseTime: 30m}
 machines:
-  - hostname: cp1
-    role: controlplane
-    mac: 52:54:00:00:00:01
-    install: {disk: /dev/vda}
-    interfaces:
-      - {mac: 52:54:00:00:00:01, addresses: [10.8.0.11/24]}
-  - hostname: w1
+`+cp1+`  - hostname: w1
     mac: 52:54:00:00:00:02
     install: {disk: /dev/vda}
     interfaces:
@@ -41,10 +30,7 @@ machines:
     install: {disk: /dev/vda}
     interfaces:
       - {mac: 52:54:00:00:00:04, addresses: [192.168.1.5/24]}
-`), "t.yaml", ".")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	cfg, err := Config(r)
 	if err != nil {
 		t.Fatal(err)
@@ -82,12 +68,7 @@ machines:
 // Pools behind relays: each becomes a network of the server's, and a
 // machine whose address is on one gets it reserved there.
 func TestConfigRelayedPools(t *testing.T) {
-	r, err := rack.Parse([]byte(`apiVersion: cozy.dev/v1alpha1
-kind: Rack
-metadata: {name: t}
-network:
-  interface: br0
-  subnet: 10.8.0.0/24
+	r := parseRack(t, `
   dhcp:
     mode: full
     range: 10.8.0.100-10.8.0.150
@@ -95,21 +76,12 @@ network:
       - {subnet: 10.80.1.0/24, range: 10.80.1.100-10.80.1.199, gateway: 10.80.1.1, dns: [10.8.0.1]}
       - {subnet: 10.80.2.0/24, range: 10.80.2.100-10.80.2.199}
 machines:
-  - hostname: cp1
-    role: controlplane
-    mac: 52:54:00:00:00:01
-    install: {disk: /dev/vda}
-    interfaces:
-      - {mac: 52:54:00:00:00:01, addresses: [10.8.0.11/24]}
-  - hostname: w1
+`+cp1+`  - hostname: w1
     mac: 52:54:00:00:00:02
     install: {disk: /dev/vda}
     interfaces:
       - {mac: 52:54:00:00:00:02, addresses: [10.80.2.21/24], gateway: 10.80.2.1}
-`), "t.yaml", ".")
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	cfg, err := Config(r)
 	if err != nil {
 		t.Fatal(err)
@@ -125,4 +97,29 @@ machines:
 	if got := cfg.Reservations["52:54:00:00:00:02"]; got != netip.MustParseAddr("10.80.2.21") {
 		t.Errorf("w1 behind a relay: reservation %v, want 10.80.2.21", got)
 	}
+}
+
+// cp1 is the control plane of the test racks, on 10.8.0.0/24.
+const cp1 = `  - hostname: cp1
+    role: controlplane
+    mac: 52:54:00:00:00:01
+    install: {disk: /dev/vda}
+    interfaces:
+      - {mac: 52:54:00:00:00:01, addresses: [10.8.0.11/24]}
+`
+
+// parseRack parses a rack on br0, 10.8.0.0/24, whose network section
+// continues with rest (and its machines follow).
+func parseRack(t *testing.T, rest string) *rack.Rack {
+	t.Helper()
+	r, err := rack.Parse([]byte(`apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata: {name: t}
+network:
+  interface: br0
+  subnet: 10.8.0.0/24`+rest), "t.yaml", ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
