@@ -14,6 +14,8 @@ packages=(
 	ovmf            # UEFI firmware for those VMs
 	ipxe-qemu       # QEMU's NIC boot ROMs (iPXE)
 	radvd           # lab: tells iPXE there is no IPv6 router (it waits ~13 s per boot otherwise)
+	nftables        # lab --internet: NAT out of the lab's namespace (TestInternet)
+	procps          # sysctl, for that NAT's IPv4 forwarding
 	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
 	busybox-static  # the userland of test initramfs images
 	dnsmasq-base    # a real DHCP server for proxy mode to run beside
