@@ -44,16 +44,10 @@ const labUplink = "up0"
 func enableInternet(ctx context.Context, name, outside string) error {
 	ns := Namespace(name)
 	hostIf, hostIP, labIP := uplink(name)
-	on := func(netns string) []string {
-		if netns == "" {
-			return nil
-		}
-		return []string{"-n", netns}
-	}
 	steps := [][]string{
-		append(on(outside), "link", "add", hostIf, "type", "veth", "peer", "name", labUplink, "netns", ns),
-		append(on(outside), "addr", "add", hostIP.String(), "dev", hostIf),
-		append(on(outside), "link", "set", hostIf, "up"),
+		inNetns(outside, "link", "add", hostIf, "type", "veth", "peer", "name", labUplink, "netns", ns),
+		inNetns(outside, "addr", "add", hostIP.String(), "dev", hostIf),
+		inNetns(outside, "link", "set", hostIf, "up"),
 		{"-n", ns, "addr", "add", labIP.String(), "dev", labUplink},
 		{"-n", ns, "link", "set", labUplink, "up"},
 		{"-n", ns, "route", "add", "default", "via", hostIP.Addr().String()},
@@ -68,7 +62,7 @@ func enableInternet(ctx context.Context, name, outside string) error {
 			return fmt.Errorf("--internet: %w", err)
 		}
 	}
-	table := "cozy-lab-" + name
+	table := natTable(name)
 	lab := fmt.Sprintf(`table ip %s {
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
@@ -102,21 +96,28 @@ func enableInternet(ctx context.Context, name, outside string) error {
 // harmless.
 func disableInternet(ctx context.Context, name, outside string) error {
 	hostIf, _, _ := uplink(name)
-	table := "cozy-lab-" + name
+	table := natTable(name)
 	if err := runIn(ctx, outside, nil, "nft", "list", "table", "ip", table); err == nil {
 		if err := runIn(ctx, outside, nil, "nft", "delete", "table", "ip", table); err != nil {
 			return err
 		}
 	}
-	link := []string{"link", "show", hostIf}
-	del := []string{"link", "del", hostIf}
-	if outside != "" {
-		link, del = append([]string{"-n", outside}, link...), append([]string{"-n", outside}, del...)
-	}
-	if exec.CommandContext(ctx, "ip", link...).Run() == nil {
-		return ip(ctx, del...)
+	if exec.CommandContext(ctx, "ip", inNetns(outside, "link", "show", hostIf)...).Run() == nil {
+		return ip(ctx, inNetns(outside, "link", "del", hostIf)...)
 	}
 	return nil
+}
+
+// natTable is the nftables table of lab name's --internet, on both sides.
+func natTable(name string) string { return "cozy-lab-" + name }
+
+// inNetns prefixes ip's arguments to act in network namespace netns (""
+// is this machine's own).
+func inNetns(netns string, args ...string) []string {
+	if netns == "" {
+		return args
+	}
+	return append([]string{"-n", netns}, args...)
 }
 
 // runIn runs a command inside network namespace netns ("" is this

@@ -105,9 +105,9 @@ func ParseChartRef(s string) (string, ChartRef, error) {
 	default:
 		return "", ChartRef{}, fmt.Errorf("%s: source kind %q: want HelmRepository, GitRepository or Bucket", addon, c.Source.Kind)
 	}
-	for what, v := range map[string]string{"namespace": c.Source.Namespace, "name": c.Source.Name} {
-		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
-			return "", ChartRef{}, fmt.Errorf("%s: source %s %q: %s", addon, what, v, strings.Join(errs, "; "))
+	for _, f := range [][2]string{{"namespace", c.Source.Namespace}, {"name", c.Source.Name}} {
+		if errs := validation.IsDNS1123Subdomain(f[1]); len(errs) > 0 {
+			return "", ChartRef{}, fmt.Errorf("%s: source %s %q: %s", addon, f[0], f[1], strings.Join(errs, "; "))
 		}
 	}
 	if c.Chart == "" || strings.ContainsAny(c.Chart, " \t\n@") {
