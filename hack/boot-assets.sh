@@ -7,6 +7,13 @@
 #   modules/*.ko       the virtio NIC and disk drivers and ext4 (modules
 #                      in Debian's kernel), in load order (modules.order)
 #
+# `hack/boot-assets.sh arm64` prints the same for an arm64 VM (Debian 12's
+# linux-image-arm64, NIC drivers only), plus what an amd64 host lacks for
+# it: busybox (busybox-static:arm64) and ipxe-arm64.efi (Debian 13's ipxe,
+# the first to ship it). Those come through apt too, with a configuration
+# of their own under the cache (arm64 indexes, Debian 13's suite), so the
+# host's apt setup is left as it is.
+#
 # Cached in $COZY_CACHE_DIR/boot/<package>_<version>; a cached copy returns
 # at once. Written to a temporary directory and renamed, so an interrupted
 # run leaves nothing half-done.
@@ -14,6 +21,82 @@ set -euo pipefail
 
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 log() { echo "boot-assets: $*" >&2; }
+
+# copy_modules MODDIR OUT MODULE...: copies each module (a path under
+# MODDIR/kernel) into OUT/modules and lists it in OUT/modules.order, in
+# the order given; a module built into this kernel is left out.
+copy_modules() {
+	local moddir="$1" out="$2" m
+	shift 2
+	mkdir -p "$out/modules"
+	: >"$out/modules.order"
+	for m in "$@"; do
+		if [[ -f "$moddir/kernel/$m" ]]; then
+			cp "$moddir/kernel/$m" "$out/modules/"
+			basename "$m" >>"$out/modules.order"
+		elif ! grep -qx "kernel/$m" "$moddir/modules.builtin"; then
+			log "$(basename "$moddir") has no module $m"
+			return 1
+		fi
+	done
+}
+
+if [[ "${1:-amd64}" == arm64 ]]; then
+	apt_dir="$cache_root/apt-arm64"
+	mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
+	keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+	cat >"$apt_dir/sources.list" <<-EOF
+		deb [signed-by=$keyring] http://deb.debian.org/debian bookworm main
+		deb [signed-by=$keyring] http://deb.debian.org/debian trixie main
+	EOF
+	apt_opts=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64
+		-o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir"
+		-o Dir::Cache::archives="$apt_dir/archives" -o Dir::State::status=/dev/null
+		-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		-o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
+		-o APT::Sandbox::User=root -qq)
+	# candidate PKG SUITE: the version of PKG that SUITE has.
+	candidate() { apt-cache "${apt_opts[@]}" madison "$1" | awk -v s=" $2/" 'index($0, s) { print $3; exit }'; }
+	resolve() {
+		kpkg="$(apt-cache "${apt_opts[@]}" show linux-image-arm64/bookworm 2>/dev/null | awk '/^Depends: linux-image-[0-9]/ { sub(",", "", $2); print $2; exit }')"
+		[[ -n "$kpkg" ]] || return 1
+		kver="$(candidate "$kpkg" bookworm)" bver="$(candidate busybox-static bookworm)" iver="$(candidate ipxe trixie)"
+		[[ -n "$kver" && -n "$bver" && -n "$iver" ]]
+	}
+	if ! resolve; then
+		log "updating the arm64 package lists in $apt_dir"
+		apt-get "${apt_opts[@]}" update >&2
+		resolve || { log "Debian's mirror has no arm64 kernel, busybox-static or ipxe"; exit 1; }
+	fi
+	layout=1
+	out="$cache_root/boot/${kpkg}_${kver}_busybox_${bver}_ipxe_${iver}_v${layout}"
+	out="${out//:/_}" # epochs (1:1.35.0): keep colons out of paths
+	if [[ -s "$out/vmlinuz" && -s "$out/ipxe-arm64.efi" && -s "$out/busybox" ]]; then
+		echo "$out"
+		exit 0
+	fi
+	mkdir -p "$cache_root/boot"
+	work="$(mktemp -d "$cache_root/boot/.fetch.XXXXXX")"
+	trap 'rm -rf "$work"' EXIT
+	log "downloading $kpkg $kver, busybox-static $bver (arm64) and ipxe $iver (about 65 MB)"
+	(cd "$work" && apt-get "${apt_opts[@]}" download "$kpkg=$kver" "busybox-static=$bver" "ipxe=$iver" >&2)
+	for deb in "$work"/*.deb; do dpkg -x "$deb" "$work/x"; done
+	mkdir -p "$work/out"
+	cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
+	cp "$work/x/bin/busybox" "$work/out/busybox"
+	cp "$work/x/usr/lib/ipxe/ipxe-arm64.efi" "$work/out/ipxe-arm64.efi"
+	moddir="$(echo "$work"/x/lib/modules/*)"
+	# The virtio NIC; virtio and virtio_ring are built into this kernel.
+	copy_modules "$moddir" "$work/out" drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
+		drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
+		drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
+		drivers/net/virtio_net.ko
+	rm -rf "$out"
+	mv "$work/out" "$out"
+	log "arm64 kernel $(basename "$moddir") in $out"
+	echo "$out"
+	exit 0
+fi
 
 kernel_package() {
 	pkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')"
@@ -50,7 +133,7 @@ if ! (cd "$work" && apt-get download -o APT::Sandbox::User=root "$pkg=$version" 
 fi
 dpkg -x "$work"/*.deb "$work/x"
 
-mkdir -p "$work/out/modules"
+mkdir -p "$work/out"
 cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
 moddir="$(echo "$work"/x/lib/modules/*)"
 # virtio-net, virtio-blk and ext4 (which also mounts ext2) with what they
@@ -59,14 +142,11 @@ moddir="$(echo "$work"/x/lib/modules/*)"
 # ext4 needs jbd2, mbcache and crc16, and crc32c through the crypto API
 # (crc32c_generic: crc32c-intel needs SSE4.2, which TCG's default CPU
 # lacks).
-for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
+copy_modules "$moddir" "$work/out" drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
 	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
 	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
 	drivers/net/virtio_net.ko drivers/block/virtio_blk.ko \
-	crypto/crc32c_generic.ko lib/crc16.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko; do
-	cp "$moddir/kernel/$m" "$work/out/modules/"
-	basename "$m" >>"$work/out/modules.order"
-done
+	crypto/crc32c_generic.ko lib/crc16.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko
 rm -rf "$out"
 mv "$work/out" "$out"
 log "kernel $(basename "$moddir") in $out"

@@ -40,6 +40,9 @@ import (
 const (
 	DefaultBIOSBootFile = "/usr/lib/ipxe/undionly.kpxe"
 	DefaultUEFIBootFile = "/usr/lib/ipxe/ipxe.efi"
+	// DefaultARM64BootFile is where Debian 13's ipxe package (the first
+	// to build arm64) puts it; used when an arm64 kernel is given.
+	DefaultARM64BootFile = "/usr/lib/ipxe/ipxe-arm64.efi"
 )
 
 // Config describes what to serve where.
@@ -52,10 +55,15 @@ type Config struct {
 	ServerIP netip.Addr
 	HTTPPort int
 
-	// Kernel and Initrds are files to boot; Cmdline is the kernel command line.
+	// Kernel and Initrds are files to boot; Cmdline is the kernel command
+	// line. They are what x86-64 machines boot, BIOS and UEFI.
 	Kernel  string
 	Initrds []string
 	Cmdline string
+	// ARM64 is what arm64 UEFI machines boot (its Cmdline defaults to
+	// Cmdline). Without a kernel, arm64 machines are not answered: they
+	// must not load an x86 kernel.
+	ARM64 Image
 
 	// AllowUnknown boots every PXE client on the interface (and in full
 	// mode leases an address to every DHCP client). Without it only
@@ -95,10 +103,18 @@ type Config struct {
 	LocalDiskAfterInstall bool
 
 	// BIOSBootFile and UEFIBootFile are iPXE binaries (Debian's by default);
-	// ARM64BootFile is optional.
+	// ARM64BootFile is needed with ARM64 (default DefaultARM64BootFile).
 	BIOSBootFile, UEFIBootFile, ARM64BootFile string
 
 	Log *slog.Logger
+}
+
+// Image is a kernel, its initramfs images (loaded in order) and its
+// command line.
+type Image struct {
+	Kernel  string
+	Initrds []string
+	Cmdline string
 }
 
 // Network is a pool of addresses on one network, in full mode: the
@@ -146,10 +162,8 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("boot file: %w", err)
 		}
 	}
-	if c.ARM64BootFile != "" {
-		if _, err := os.Stat(c.ARM64BootFile); err != nil {
-			return fmt.Errorf("arm64 boot file: %w", err)
-		}
+	if err := c.resolveARM64(); err != nil {
+		return err
 	}
 	for mac, path := range c.MachineConfigs {
 		fi, err := os.Stat(path)
@@ -195,6 +209,41 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Mode == "full" {
 		return c.resolveNetworks()
+	}
+	return nil
+}
+
+// defaultARM64BootFile is DefaultARM64BootFile, or a file of a test's.
+var defaultARM64BootFile = DefaultARM64BootFile
+
+// resolveARM64 checks what arm64 machines boot: an arm64 kernel needs an
+// initramfs and an iPXE built for arm64, and an arm64 iPXE without an arm64
+// kernel would boot arm64 machines into the x86 one.
+func (c *Config) resolveARM64() error {
+	a := &c.ARM64
+	switch {
+	case a.Kernel == "" && len(a.Initrds) > 0:
+		return errors.New("an arm64 initramfs without an arm64 kernel: give --kernel-arm64 too")
+	case a.Kernel == "" && c.ARM64BootFile != "":
+		return errors.New("an arm64 iPXE (--ipxe-arm64) without an arm64 kernel: arm64 machines would load the x86 kernel; give --kernel-arm64 and --initrd-arm64")
+	case a.Kernel == "":
+		return nil // arm64 machines are not answered
+	case len(a.Initrds) == 0:
+		return errors.New("an arm64 kernel without an initramfs: give --initrd-arm64 too")
+	}
+	if c.ARM64BootFile == "" {
+		if _, err := os.Stat(defaultARM64BootFile); err != nil {
+			return fmt.Errorf("an arm64 kernel, but no iPXE for arm64 UEFI: %s is missing (Debian 13's ipxe package has it); give one with --ipxe-arm64", defaultARM64BootFile)
+		}
+		c.ARM64BootFile = defaultARM64BootFile
+	}
+	if a.Cmdline == "" {
+		a.Cmdline = c.Cmdline
+	}
+	for _, f := range append([]string{a.Kernel, c.ARM64BootFile}, a.Initrds...) {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("arm64 boot file: %w", err)
+		}
 	}
 	return nil
 }
@@ -296,10 +345,10 @@ type server struct {
 	log  *slog.Logger
 	base string // http://IP:PORT
 
-	boot      ipxe.Boot         // what every machine boots
-	assets    map[string]string // /assets/ name -> file
-	bootFiles map[string]string // iPXE binaries by TFTP (and /boot/) name
-	configs   map[string]string // MAC -> machine config file
+	boots     map[dhcp.CPU]ipxe.Boot // what machines boot, by architecture
+	assets    map[string]string      // /assets/ name -> file
+	bootFiles map[string]string      // iPXE binaries by TFTP (and /boot/) name
+	configs   map[string]string      // MAC -> machine config file
 	keys      *token.Keyring
 
 	responder decider
@@ -316,20 +365,17 @@ func newServer(cfg Config) (*server, error) {
 		cfg:     cfg,
 		log:     cfg.Log,
 		base:    fmt.Sprintf("http://%s", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort))),
-		assets:  map[string]string{"kernel": cfg.Kernel},
+		boots:   map[dhcp.CPU]ipxe.Boot{},
+		assets:  map[string]string{},
 		configs: map[string]string{},
 	}
-	s.boot = ipxe.Boot{KernelURL: s.base + "/assets/kernel", Cmdline: cfg.Cmdline}
-	for i, p := range cfg.Initrds {
-		name := fmt.Sprintf("initrd%d", i)
-		s.assets[name] = p
-		s.boot.InitrdURLs = append(s.boot.InitrdURLs, s.base+"/assets/"+name)
-	}
-	if cfg.Talos {
-		s.boot.Cmdline = talosCmdline(cfg.Cmdline)
-	}
-	if _, err := ipxe.Script(s.boot); err != nil {
+	if err := s.addBoot(dhcp.AMD64, Image{Kernel: cfg.Kernel, Initrds: cfg.Initrds, Cmdline: cfg.Cmdline}); err != nil {
 		return nil, err
+	}
+	if cfg.ARM64.Kernel != "" {
+		if err := s.addBoot(dhcp.ARM64, cfg.ARM64); err != nil {
+			return nil, fmt.Errorf("arm64: %w", err)
+		}
 	}
 	var err error
 	if s.keys, err = token.Load(cfg.StateDir); err != nil {
@@ -398,6 +444,31 @@ func newServer(cfg Config) (*server, error) {
 	return s, nil
 }
 
+// addBoot serves img to machines of one architecture: its files under
+// /assets/ (named kernel, initrd0, ... for x86-64, arm64-kernel, ... for
+// arm64) and the iPXE script that loads them.
+func (s *server) addBoot(cpu dhcp.CPU, img Image) error {
+	prefix := ""
+	if cpu != dhcp.AMD64 {
+		prefix = string(cpu) + "-"
+	}
+	s.assets[prefix+"kernel"] = img.Kernel
+	b := ipxe.Boot{KernelURL: s.base + "/assets/" + prefix + "kernel", Cmdline: img.Cmdline}
+	for i, p := range img.Initrds {
+		name := fmt.Sprintf("%sinitrd%d", prefix, i)
+		s.assets[name] = p
+		b.InitrdURLs = append(b.InitrdURLs, s.base+"/assets/"+name)
+	}
+	if s.cfg.Talos {
+		b.Cmdline = talosCmdline(cpu, img.Cmdline)
+	}
+	if _, err := ipxe.Script(b); err != nil {
+		return err
+	}
+	s.boots[cpu] = b
+	return nil
+}
+
 func (s *server) close() {
 	if s.leases != nil {
 		s.leases.Close()
@@ -418,18 +489,29 @@ func (s *server) allowed(mac net.HardwareAddr) bool {
 	return false
 }
 
-// script is the iPXE script of one machine: the same boot for all, plus,
-// for machines with a config, the URL only they can fetch it from; or the
-// local disk once installed, if so configured.
+// script is the iPXE script of one machine: the boot of its architecture
+// (as its DHCP requests said, x86-64 if none was seen), plus, for machines
+// with a config, the URL only they can fetch it from; or the local disk
+// once installed, if so configured.
 func (s *server) script(mac net.HardwareAddr) (string, bool) {
 	if !s.allowed(mac) {
 		return "", false
 	}
-	if m, ok := s.inv.Get(mac.String()); ok && m.Installed && s.cfg.LocalDiskAfterInstall {
-		s.log.Info("installed machine boots its disk", "mac", mac.String())
-		return ipxe.LocalDisk, true
+	cpu := dhcp.AMD64
+	if m, ok := s.inv.Get(mac.String()); ok {
+		if m.Installed && s.cfg.LocalDiskAfterInstall {
+			s.log.Info("installed machine boots its disk", "mac", mac.String())
+			return ipxe.LocalDisk, true
+		}
+		if m.Arch != "" {
+			cpu = dhcp.CPU(m.Arch)
+		}
 	}
-	b := s.boot
+	b, ok := s.boots[cpu]
+	if !ok {
+		s.log.Warn("no kernel for this machine's architecture", "mac", mac.String(), "arch", cpu)
+		return "", false
+	}
 	if _, ok := s.configs[mac.String()]; ok {
 		b.Cmdline += fmt.Sprintf(" talos.config=%s/config/%s/%s.yaml", s.base, strings.ReplaceAll(mac.String(), ":", "-"), s.keys.For(mac))
 	}
@@ -458,7 +540,7 @@ func (s *server) fetched(f httpboot.Fetch) {
 		s.advance(f.MAC.String(), f.Remote, inventory.PhaseIPXEScript)
 	case "asset":
 		phase := inventory.PhaseInitrd
-		if f.Name == "kernel" {
+		if strings.TrimPrefix(f.Name, string(dhcp.ARM64)+"-") == "kernel" {
 			phase = inventory.PhaseKernel
 		}
 		s.advance("", f.Remote, phase)
@@ -641,12 +723,17 @@ func neighbourMAC(ip netip.Addr) string {
 
 // talosCmdline is the command line of a Talos kernel: the platform, the
 // default arguments of the pinned Talos release, a console unless the
-// user chose one, then the user's own arguments.
-func talosCmdline(user string) string {
+// user chose one (the serial port's name differs per architecture, as in
+// Talos's own metal images), then the user's own arguments.
+func talosCmdline(cpu dhcp.CPU, user string) string {
 	args := []string{constants.KernelParamPlatform + "=metal"}
 	args = append(args, kernel.DefaultArgs(quirks.New(strings.TrimSpace(gendata.VersionTag)))...)
 	if !strings.Contains(user, "console=") {
-		args = append(args, "console=tty0", "console=ttyS0")
+		serial := "ttyS0"
+		if cpu == dhcp.ARM64 {
+			serial = "ttyAMA0" // the PL011 UART of arm64 servers and QEMU's virt
+		}
+		args = append(args, "console=tty0", "console="+serial)
 	}
 	return strings.TrimSpace(strings.Join(args, " ") + " " + user)
 }

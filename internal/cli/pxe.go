@@ -101,7 +101,8 @@ func newPXEServeCommand(g *Globals) *cobra.Command {
 		Use:   "serve",
 		Short: "Run the netboot server on one interface",
 		Long: `Run proxyDHCP (ports 67 and 4011), TFTP and HTTP on one interface and boot
-PXE clients, BIOS and UEFI, through iPXE into a kernel and initramfs.
+PXE clients, BIOS and UEFI, through iPXE into a kernel and initramfs; arm64
+UEFI machines boot their own (--kernel-arm64, --initrd-arm64).
 
 Proxy mode (the default) hands out no addresses: it runs beside the
 network's DHCP server and only adds boot information. Full mode makes this
@@ -118,6 +119,10 @@ every DHCP client on the interface gets an address).`,
   # As the provisioning network's DHCP server:
   cozyctl pxe serve --interface br0 --mode full --range 10.8.0.100-10.8.0.199 \
     --gateway 10.8.0.1 --dns 10.8.0.1 --kernel vmlinuz --initrd initramfs.xz --allow-unknown
+
+  # x86-64 and arm64 machines on one network, each booting its own kernel:
+  cozyctl pxe serve --interface br0 --kernel vmlinuz --initrd initramfs.xz --cmdline "console=ttyS0" \
+    --kernel-arm64 vmlinuz-arm64 --initrd-arm64 initramfs-arm64.xz --cmdline-arm64 "console=ttyAMA0" --allow-unknown
 
   # ... and of two racks behind relays:
   cozyctl pxe serve --interface br0 --mode full --range 10.8.0.100-10.8.0.199 --gateway 10.8.0.1 \
@@ -235,6 +240,9 @@ every DHCP client on the interface gets an address).`,
 	f.StringVar(&cfg.Kernel, "kernel", "", "kernel to boot")
 	f.StringArrayVar(&cfg.Initrds, "initrd", nil, "initramfs to boot (repeatable, loaded in order)")
 	f.StringVar(&cfg.Cmdline, "cmdline", "", "kernel command line")
+	f.StringVar(&cfg.ARM64.Kernel, "kernel-arm64", "", "kernel for arm64 UEFI machines (without it they are not answered)")
+	f.StringArrayVar(&cfg.ARM64.Initrds, "initrd-arm64", nil, "initramfs for arm64 machines (repeatable, loaded in order)")
+	f.StringVar(&cfg.ARM64.Cmdline, "cmdline-arm64", "", "kernel command line of arm64 machines (default: --cmdline)")
 	f.BoolVar(&cfg.AllowUnknown, "allow-unknown", false, "boot every PXE client on the interface, not only --allow-mac ones")
 	f.StringArrayVar(&allowMACs, "allow-mac", nil, "MAC address of a machine to boot (repeatable)")
 	f.BoolVar(&cfg.Talos, "talos", false, "the kernel is Talos Linux: add talos.platform=metal and Talos's default kernel arguments")
@@ -243,11 +251,13 @@ every DHCP client on the interface gets an address).`,
 		"once a machine has fetched its config and booted again, boot it from its disk (iPXE exit) instead of the network")
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
 	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients (snponly.efi uses the firmware's NIC driver)")
-	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients (none by default)")
+	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients, with --kernel-arm64 (default "+pxe.DefaultARM64BootFile+", from Debian 13's ipxe)")
 	f.StringVar(&rackFile, "rack", "", "serve the machines of this rack file: its interface, DHCP mode, pool, gateway, DNS, fixed addresses and MACs (flags given too override it)")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	_ = cmd.MarkFlagFilename("kernel")
 	_ = cmd.MarkFlagFilename("initrd")
+	_ = cmd.MarkFlagFilename("kernel-arm64")
+	_ = cmd.MarkFlagFilename("initrd-arm64")
 	return cmd
 }
 

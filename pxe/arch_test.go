@@ -1,0 +1,161 @@
+package pxe
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/pxe/dhcp"
+	"cozy.dev/cozy/pxe/inventory"
+)
+
+// bootFiles writes stand-ins for the files a server serves into a new
+// directory and returns it.
+func bootFiles(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"vmlinuz", "initrd", "vmlinuz-arm64", "initrd-arm64", "undionly.kpxe", "ipxe.efi", "ipxe-arm64.efi"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func archConfig(dir string) Config {
+	return Config{
+		Interface: "boot0", ServerIP: netip.MustParseAddr("10.77.0.1"), StateDir: filepath.Join(dir, "state"), AllowUnknown: true,
+		Kernel: filepath.Join(dir, "vmlinuz"), Initrds: []string{filepath.Join(dir, "initrd")}, Cmdline: "console=ttyS0",
+		BIOSBootFile: filepath.Join(dir, "undionly.kpxe"), UEFIBootFile: filepath.Join(dir, "ipxe.efi"),
+	}
+}
+
+func TestResolveARM64(t *testing.T) {
+	dir := bootFiles(t)
+	arm := Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
+	tests := []struct {
+		name        string
+		cfg         func(*Config)
+		haveDefault bool // DefaultARM64BootFile exists (Debian 13's ipxe)
+		wantErr     string
+		wantFile    string // ARM64BootFile afterwards
+		wantCmdline string // ARM64.Cmdline afterwards
+	}{
+		{name: "x86 only: arm64 machines are not answered", cfg: func(*Config) {}},
+		{name: "an arm64 kernel and Debian's iPXE", cfg: func(c *Config) { c.ARM64 = arm }, haveDefault: true,
+			wantFile: "default", wantCmdline: "console=ttyS0"},
+		{name: "an arm64 kernel, its own command line and iPXE", cfg: func(c *Config) {
+			c.ARM64 = arm
+			c.ARM64.Cmdline = "console=ttyAMA0"
+			c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
+		}, wantFile: filepath.Join(dir, "ipxe-arm64.efi"), wantCmdline: "console=ttyAMA0"},
+		{name: "no arm64 iPXE anywhere", cfg: func(c *Config) { c.ARM64 = arm }, wantErr: "no iPXE for arm64 UEFI"},
+		{name: "an arm64 iPXE without an arm64 kernel", cfg: func(c *Config) { c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi") },
+			haveDefault: true, wantErr: "arm64 machines would load the x86 kernel"},
+		{name: "an arm64 kernel without an initramfs", cfg: func(c *Config) { c.ARM64.Kernel = arm.Kernel }, haveDefault: true,
+			wantErr: "--initrd-arm64"},
+		{name: "an arm64 initramfs without a kernel", cfg: func(c *Config) { c.ARM64.Initrds = arm.Initrds }, wantErr: "--kernel-arm64"},
+		{name: "a missing arm64 kernel", cfg: func(c *Config) {
+			c.ARM64 = arm
+			c.ARM64.Kernel = filepath.Join(dir, "nope")
+		}, haveDefault: true, wantErr: "arm64 boot file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			defaultARM64BootFile = filepath.Join(dir, "absent.efi")
+			if tc.haveDefault {
+				defaultARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
+			}
+			t.Cleanup(func() { defaultARM64BootFile = DefaultARM64BootFile })
+			cfg := archConfig(dir)
+			tc.cfg(&cfg)
+			err := cfg.setDefaults()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantFile := tc.wantFile
+			if wantFile == "default" {
+				wantFile = defaultARM64BootFile
+			}
+			if cfg.ARM64BootFile != wantFile || cfg.ARM64.Cmdline != tc.wantCmdline {
+				t.Errorf("arm64 iPXE %q and command line %q, want %q and %q", cfg.ARM64BootFile, cfg.ARM64.Cmdline, wantFile, tc.wantCmdline)
+			}
+		})
+	}
+}
+
+// TestScriptByArch: each machine's iPXE script loads the kernel of the
+// architecture its DHCP requests named.
+func TestScriptByArch(t *testing.T) {
+	x86 := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}
+	arm := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 2}
+	unseen := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 3}
+	tests := []struct {
+		name    string
+		arm64   bool // the server has an arm64 kernel
+		talos   bool
+		mac     net.HardwareAddr
+		want    []string // in the script
+		wantNot []string
+		refused bool
+	}{
+		{name: "x86", arm64: true, mac: x86, want: []string{"/assets/kernel ", "/assets/initrd0", "console=ttyS0"}, wantNot: []string{"arm64"}},
+		{name: "arm64", arm64: true, mac: arm, want: []string{"/assets/arm64-kernel ", "/assets/arm64-initrd0", "console=ttyAMA0"}, wantNot: []string{"/assets/kernel ", "ttyS0"}},
+		{name: "not seen by DHCP: x86", arm64: true, mac: unseen, want: []string{"/assets/kernel "}},
+		{name: "arm64 without an arm64 kernel", mac: arm, refused: true},
+		{name: "Talos on arm64: its serial console", arm64: true, talos: true, mac: arm,
+			want: []string{"/assets/arm64-kernel ", "talos.platform=metal", "console=tty0 console=ttyAMA0", "pti=on"}, wantNot: []string{"ttyS0"}},
+		{name: "Talos on x86", arm64: true, talos: true, mac: x86, want: []string{"/assets/kernel ", "console=tty0 console=ttyS0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := bootFiles(t)
+			cfg := archConfig(dir)
+			cfg.Cmdline = ""
+			cfg.Talos = tc.talos
+			if !tc.talos {
+				cfg.Cmdline = "console=ttyS0"
+			}
+			if tc.arm64 {
+				cfg.ARM64 = Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
+				cfg.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
+				if !tc.talos {
+					cfg.ARM64.Cmdline = "console=ttyAMA0"
+				}
+			}
+			if err := cfg.setDefaults(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := newServer(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.close()
+			s.inv.SawDHCP(inventory.DHCPSighting{MAC: x86.String(), Arch: string(dhcp.AMD64), Firmware: string(dhcp.UEFI), Allowed: true, Answered: true})
+			s.inv.SawDHCP(inventory.DHCPSighting{MAC: arm.String(), Arch: string(dhcp.ARM64), Firmware: string(dhcp.UEFI), Allowed: true, Answered: tc.arm64})
+			script, ok := s.script(tc.mac)
+			if ok == tc.refused {
+				t.Fatalf("script served: %v, want %v:\n%s", ok, !tc.refused, script)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(script, w) {
+					t.Errorf("script lacks %q:\n%s", w, script)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(script, w) {
+					t.Errorf("script has %q:\n%s", w, script)
+				}
+			}
+		})
+	}
+}
