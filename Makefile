@@ -63,7 +63,8 @@ unit: ## Unit tests: fast, no root, no API server
 
 .PHONY: test
 test: envtest flux capi ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, network namespaces, QEMU netboot (root)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_BOOT_ASSETS_ARM64="$$(hack/boot-assets.sh arm64)" \
+		COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
 		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab

@@ -13,6 +13,8 @@ packages=(
 	qemu-utils      # qemu-img: qcow2 disks of lab VMs
 	ovmf            # UEFI firmware for those VMs
 	ipxe-qemu       # QEMU's NIC boot ROMs (iPXE)
+	qemu-system-arm  # an arm64 VM that PXE-boots in the netboot test
+	qemu-efi-aarch64 # its UEFI firmware (AAVMF)
 	radvd           # lab: tells iPXE there is no IPv6 router (it waits ~13 s per boot otherwise)
 	nftables        # lab --internet: NAT out of the lab's namespace (TestInternet)
 	procps          # sysctl, for that NAT's IPv4 forwarding

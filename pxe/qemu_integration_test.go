@@ -30,7 +30,7 @@ const initScript = `#!/bin/sh
 export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-echo "cozy-initramfs: kernel $(uname -r) booted"
+echo "cozy-initramfs: kernel $(uname -r) $(uname -m) booted"
 for m in $(cat /lib/modules/modules.order); do insmod /lib/modules/$m; done
 ip link set eth0 up
 udhcpc -i eth0 -n -q -t 20 -s /bin/udhcpc.script
@@ -47,11 +47,11 @@ case "$1" in bound|renew) ip addr add "$ip/${mask:-24}" dev "$interface" ;; esac
 `
 
 // bootInitramfs builds the test's initramfs: static busybox, the virtio NIC
-// modules of the Debian kernel, and initScript.
-func bootInitramfs(t *testing.T, assets string) string {
+// modules of the Debian kernel in assets, and initScript.
+func bootInitramfs(t *testing.T, assets, busybox string) string {
 	t.Helper()
 	var a initramfs.Archive
-	bb, err := os.ReadFile("/bin/busybox")
+	bb, err := os.ReadFile(busybox)
 	if err != nil {
 		prereq.Missing(t, "static busybox (Debian busybox-static): %v", err)
 	}
@@ -74,7 +74,7 @@ func bootInitramfs(t *testing.T, assets string) string {
 		}
 		a.File("lib/modules/"+m, 0o644, ko)
 	}
-	p := filepath.Join(t.TempDir(), "initramfs.gz")
+	p := filepath.Join(t.TempDir(), filepath.Base(assets)+".gz")
 	f, err := os.Create(p)
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +88,7 @@ func bootInitramfs(t *testing.T, assets string) string {
 
 type vm struct {
 	name     string
+	arch     string // amd64 or arm64
 	firmware string // bios or uefi
 	uuid     string // SMBIOS system UUID, which PXE sends as option 97
 	mac      net.HardwareAddr
@@ -110,6 +111,23 @@ func nicROM(firmware string) string {
 	return ""
 }
 
+// qemu is the emulator of the VM's architecture.
+func (v *vm) qemu() string {
+	if v.arch == "arm64" {
+		return "qemu-system-aarch64"
+	}
+	return "qemu-system-x86_64"
+}
+
+// firmwareFiles are the UEFI code and the variable store to copy per VM:
+// OVMF on x86-64, AAVMF on arm64 (Debian's ovmf and qemu-efi-aarch64).
+func (v *vm) firmwareFiles() (code, vars string) {
+	if v.arch == "arm64" {
+		return "/usr/share/AAVMF/AAVMF_CODE.fd", "/usr/share/AAVMF/AAVMF_VARS.fd"
+	}
+	return "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"
+}
+
 func (v *vm) args(t *testing.T, dir string) []string {
 	t.Helper()
 	disk := filepath.Join(dir, v.name+".raw")
@@ -126,20 +144,27 @@ func (v *vm) args(t *testing.T, dir string) []string {
 		"-serial", "file:" + v.serial,
 		"-netdev", "tap,id=n0,ifname=" + v.tap + ",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0,mac=" + v.mac.String() + nicROM(v.firmware),
-		"-drive", "file=" + disk + ",format=raw,if=virtio",
-		"-boot", "order=n",
+		"-drive", "file=" + disk + ",format=raw,if=none,id=d0", "-device", "virtio-blk-pci,drive=d0",
 	}
 	if v.firmware == "uefi" {
+		code, template := v.firmwareFiles()
 		vars := filepath.Join(dir, v.name+"-vars.fd")
-		b, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
+		b, err := os.ReadFile(template)
 		if err != nil {
-			prereq.Missing(t, "OVMF (Debian ovmf): %v", err)
+			prereq.Missing(t, "UEFI firmware (Debian ovmf, qemu-efi-aarch64): %v", err)
 		}
 		if err := os.WriteFile(vars, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		args = append(args, "-machine", "q35",
-			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+		machine := "q35"
+		if v.arch == "arm64" {
+			// cortex-a57 rather than max: no pointer authentication to
+			// emulate, which makes TCG much slower.
+			machine = "virt"
+			args = append(args, "-cpu", "cortex-a57")
+		}
+		args = append(args, "-machine", machine,
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+code,
 			"-drive", "if=pflash,format=raw,unit=1,file="+vars)
 		if v.httpBoot {
 			for _, knob := range []string{"IPv4PXESupport", "IPv6PXESupport", "IPv6Support"} {
@@ -149,13 +174,18 @@ func (v *vm) args(t *testing.T, dir string) []string {
 	} else {
 		args = append(args, "-machine", "pc")
 	}
+	if v.arch != "arm64" {
+		args = append(args, "-boot", "order=n")
+	}
 	return args
 }
 
 // TestQEMUNetboot netboots a SeaBIOS VM (PXE), an OVMF VM (UEFI PXE) and
 // an OVMF VM with PXE turned off (UEFI HTTP boot) from `cozyctl pxe
 // serve` in proxy mode, beside dnsmasq handing out the addresses, into a
-// Debian kernel and a busybox initramfs.
+// Debian kernel and a busybox initramfs; and two arm64 VMs (AAVMF, one with
+// UEFI PXE, one with UEFI HTTP boot) from the same server into Debian's
+// arm64 kernel.
 func TestQEMUNetboot(t *testing.T) {
 	for _, bin := range []string{"qemu-system-x86_64", "dnsmasq"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -166,7 +196,19 @@ func TestQEMUNetboot(t *testing.T) {
 	if assets == "" {
 		prereq.Missing(t, "COZY_BOOT_ASSETS is not set: run `make test`, or export COZY_BOOT_ASSETS=$(hack/boot-assets.sh)")
 	}
-	initrd := bootInitramfs(t, assets)
+	initrd := bootInitramfs(t, assets, "/bin/busybox")
+	// The arm64 VM: Debian's arm64 kernel and busybox, and Debian 13's
+	// ipxe-arm64.efi, all from hack/boot-assets.sh arm64.
+	armAssets := os.Getenv("COZY_BOOT_ASSETS_ARM64")
+	if _, err := exec.LookPath("qemu-system-aarch64"); err != nil {
+		armAssets = ""
+	}
+	if armAssets == "" {
+		if prereq.InCI() {
+			prereq.Missing(t, "the arm64 VM needs qemu-system-aarch64 (Debian qemu-system-arm) and COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
+		}
+		t.Log("no arm64 VM: install qemu-system-arm and qemu-efi-aarch64 and export COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
+	}
 	dir := t.TempDir() // disks, firmware variables
 	logDir := dir
 	if d := os.Getenv("COZY_TEST_ARTIFACTS"); d != "" {
@@ -186,6 +228,15 @@ func TestQEMUNetboot(t *testing.T) {
 		{name: "bios", firmware: "bios", uuid: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
 		{name: "uefi", firmware: "uefi", uuid: "12345678-9abc-def0-1234-56789abcdef0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
 		{name: "uefi-http", firmware: "uefi", httpBoot: true, uuid: "9abcdef0-1234-5678-9abc-def012345678", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x12}, tap: "tap2"},
+	}
+	if armAssets != "" {
+		vms = append(vms, &vm{name: "arm64", arch: "arm64", firmware: "uefi", uuid: "fedcba98-7654-3210-fedc-ba9876543210", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x13}, tap: "tap3"})
+		vms = append(vms, &vm{name: "arm64-http", arch: "arm64", firmware: "uefi", httpBoot: true, uuid: "76543210-fedc-ba98-7654-3210fedcba98", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x14}, tap: "tap4"})
+	}
+	for _, v := range vms {
+		if v.arch == "" {
+			v.arch = "amd64"
+		}
 	}
 	for _, v := range vms {
 		ns.IP(t, "tuntap", "add", v.tap, "mode", "tap")
@@ -216,6 +267,12 @@ func TestQEMUNetboot(t *testing.T) {
 	for _, v := range vms {
 		args = append(args, "--allow-mac", v.mac.String())
 	}
+	if armAssets != "" {
+		args = append(args, "--kernel-arm64", filepath.Join(armAssets, "vmlinuz"),
+			"--initrd-arm64", bootInitramfs(t, armAssets, filepath.Join(armAssets, "busybox")),
+			"--cmdline-arm64", "console=ttyAMA0 panic=-1 cozy.server="+server+":8080",
+			"--ipxe-arm64", filepath.Join(armAssets, "ipxe-arm64.efi"))
+	}
 	srv := ns.Command(ctx, self, args...)
 	srv.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	srv.Stderr = serverLog
@@ -229,7 +286,7 @@ func TestQEMUNetboot(t *testing.T) {
 
 	var qemus []*exec.Cmd
 	for _, v := range vms {
-		q := ns.Command(ctx, "qemu-system-x86_64", v.args(t, dir)...)
+		q := ns.Command(ctx, v.qemu(), v.args(t, dir)...)
 		q.Stderr = &syncbuf.Buffer{}
 		if err := q.Start(); err != nil {
 			t.Fatal(err)
@@ -244,7 +301,7 @@ func TestQEMUNetboot(t *testing.T) {
 	}()
 
 	// iPXE fetches the script first, then the booted kernel's wget does.
-	deadline := time.Now().Add(8 * time.Minute)
+	deadline := time.Now().Add(10 * time.Minute)
 	pending := map[string]*vm{}
 	for _, v := range vms {
 		pending[v.name] = v
@@ -266,7 +323,7 @@ func TestQEMUNetboot(t *testing.T) {
 			t.Logf("--- %s serial (last 3000 bytes):\n%s", v.name, tail(serial, 3000))
 		}
 		t.Logf("--- dnsmasq:\n%s", tail([]byte(dnsmasqLog.String()), 3000))
-		t.Fatalf("VMs not booted after 8 minutes: %v\n--- server log:\n%s", keys(pending), tail([]byte(serverLog.String()), 6000))
+		t.Fatalf("VMs not booted after 10 minutes: %v\n--- server log:\n%s", keys(pending), tail([]byte(serverLog.String()), 6000))
 	}
 	// The boot chain, for whoever reads the test output.
 	for _, line := range strings.Split(serverLog.String(), "\n") {
@@ -278,16 +335,34 @@ func TestQEMUNetboot(t *testing.T) {
 	if !hasLine(serverLog.String(), "tftp sent", "file=ipxe.efi") {
 		t.Errorf("UEFI VM did not load ipxe.efi over TFTP:\n%s", serverLog.String())
 	}
-	// The HTTP boot VM: an offer with the URL of ipxe.efi, which the
-	// firmware's own HTTP client then fetched.
-	if !hasLine(serverLog.String(), "dhcp reply", "mac=52:54:00:c0:21:12", "file=http://"+server+":8080/boot/ipxe.efi") ||
-		!hasLine(serverLog.String(), "msg=http", "method=GET", "path=/boot/ipxe.efi", "agent=UefiHttpBoot", "status=200") {
-		t.Errorf("UEFI HTTP boot VM did not load ipxe.efi over HTTP:\n%s", serverLog.String())
+	// The HTTP boot VMs: an offer with the URL of their iPXE, which the
+	// firmware's own HTTP client then fetched. The arm64 PXE VM: TFTP of
+	// the arm64 iPXE. Both arm64 VMs: iPXE loaded the arm64 kernel.
+	bootFile := map[string]string{"amd64": "ipxe.efi", "arm64": "ipxe-arm64.efi"}
+	for _, v := range vms {
+		var want [][]string
+		if v.httpBoot {
+			want = append(want, []string{"dhcp reply", "mac=" + v.mac.String(), "file=http://" + server + ":8080/boot/" + bootFile[v.arch]},
+				[]string{"msg=http", "method=GET", "path=/boot/" + bootFile[v.arch], "agent=UefiHttpBoot", "status=200"})
+		}
+		if v.arch == "arm64" {
+			want = append(want, []string{"msg=http", "path=/assets/arm64-kernel", "status=200"},
+				[]string{"msg=http", "path=/assets/arm64-initrd0", "status=200"})
+			if !v.httpBoot {
+				want = append(want, []string{"tftp sent", "file=ipxe-arm64.efi"})
+			}
+		}
+		for _, w := range want {
+			if !hasLine(serverLog.String(), w...) {
+				t.Errorf("%s VM: no server log line with %q:\n%s", v.name, w, serverLog.String())
+			}
+		}
 	}
 	for _, v := range vms {
 		serial, _ := os.ReadFile(v.serial)
-		if !bytes.Contains(serial, []byte("cozy-initramfs: fetched")) {
-			t.Errorf("%s serial console lacks the initramfs's own report", v.name)
+		machine := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[v.arch]
+		if !bytes.Contains(serial, []byte(machine+" booted")) || !bytes.Contains(serial, []byte("cozy-initramfs: fetched")) {
+			t.Errorf("%s serial console lacks the initramfs's own report of an %s kernel", v.name, machine)
 		}
 	}
 
@@ -320,8 +395,8 @@ func TestQEMUNetboot(t *testing.T) {
 	}
 	for _, m := range machines {
 		v := want[m.MAC]
-		if v == nil || v.firmware != m.Firmware || m.Phase != inventory.PhaseInitrd || !m.IP.IsValid() || !m.Allowed || m.Arch != "amd64" {
-			t.Errorf("pxe machines: %+v; want firmware %s, phase initrd, an IP", m, v.firmware)
+		if v == nil || v.firmware != m.Firmware || m.Phase != inventory.PhaseInitrd || !m.IP.IsValid() || !m.Allowed || m.Arch != v.arch {
+			t.Errorf("pxe machines: %+v; want firmware %s, arch %s, phase initrd, an IP", m, v.firmware, v.arch)
 			continue
 		}
 		// Option 97 as the firmware sends it, read back as dmidecode shows it.
