@@ -150,6 +150,8 @@ changes nothing.`,
 	f.BoolVar(&dryRun, "dry-run", false, "print what each machine would get; change nothing")
 	f.StringVar(&pcfg.Kernel, "kernel", "", "the Talos kernel to netboot (of the rack's schematic)")
 	f.StringArrayVar(&pcfg.Initrds, "initrd", nil, "the Talos initramfs to netboot (repeatable)")
+	f.StringVar(&pcfg.ARM64.Kernel, "kernel-arm64", "", "the Talos kernel for arm64 machines (kernel-arm64 of the rack's schematic)")
+	f.StringArrayVar(&pcfg.ARM64.Initrds, "initrd-arm64", nil, "the Talos initramfs for arm64 machines (initramfs-arm64.xz; repeatable)")
 	f.StringVar(&pcfg.Cmdline, "cmdline", "", "extra kernel arguments")
 	f.IntVar(&pcfg.HTTPPort, "http-port", 8080, "the netboot server's HTTP port")
 	f.StringVar(&serverIP, "server-ip", "", "this host's IPv4 address on the provisioning interface (default: its first)")
@@ -192,6 +194,7 @@ func netbootConfig(r *rack.Rack, boot pxe.Config, serverIP string, allowUnknown 
 		return cfg, err
 	}
 	cfg.Kernel, cfg.Initrds, cfg.Cmdline, cfg.HTTPPort = boot.Kernel, boot.Initrds, boot.Cmdline, boot.HTTPPort
+	cfg.ARM64 = boot.ARM64 // its command line defaults to Cmdline
 	cfg.AllowUnknown = allowUnknown
 	if err := checkRackBoot(r, cfg, " (or --no-netboot)"); err != nil {
 		return cfg, err

@@ -315,7 +315,7 @@ func checkRackBoot(r *rack.Rack, cfg pxe.Config, alternative string) error {
 	if cfg.Kernel == "" || len(cfg.Initrds) == 0 {
 		kernel, _ := r.BootAssetURL("kernel-amd64")
 		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
-		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd%s; download them from\n  %s\n  %s", alternative, kernel, initrd)
+		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd%s; download them from\n  %s\n  %s\n(arm64 machines: --kernel-arm64 and --initrd-arm64, from the same URLs with arm64)", alternative, kernel, initrd)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,6 +45,8 @@ func TestPXEMachines(t *testing.T) {
 }
 
 func TestPXEServeFlagErrors(t *testing.T) {
+	// Boot files that exist, so the check gets to the arm64 ones.
+	boots := []string{"--allow-unknown", "--kernel", "/bin/sh", "--initrd", "/bin/sh", "--ipxe-bios", "/bin/sh", "--ipxe-uefi", "/bin/sh", "--ipxe-arm64", ""}
 	tests := []struct {
 		args    []string
 		wantErr string
@@ -60,6 +63,10 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,router=10.80.1.1"}, "only gateway="},
 		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,gateway=x"}, "want gateway=IPv4"},
 		{[]string{"--mode", "full", "--gateway", "10.8.0.1", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20"}, "describe the --range pool"},
+		{slices.Concat(boots, []string{"--ipxe-arm64", "/bin/sh"}), "arm64 machines would load the x86 kernel"},
+		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh"}), "--initrd-arm64"},
+		{slices.Concat(boots, []string{"--initrd-arm64", "/bin/sh"}), "--kernel-arm64"},
+		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh", "--initrd-arm64", "/nonexistent", "--ipxe-arm64", "/bin/sh"}), "arm64 boot file"},
 	}
 	for _, tc := range tests {
 		args := append([]string{"pxe", "serve", "--interface", "lo"}, tc.args...)
