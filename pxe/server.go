@@ -584,11 +584,13 @@ func (s *server) compactLeases(ctx context.Context, log *slog.Logger) {
 			return
 		case <-s.leases.CompactionDue():
 			start := time.Now()
-			if err := s.leases.Compact(); err != nil {
+			c, err := s.leases.Compact()
+			if err != nil {
 				log.Warn("lease journal not compacted; it keeps growing", "err", err)
 				continue
 			}
-			log.Info("lease journal compacted", "took", time.Since(start).Round(time.Millisecond))
+			log.Info("lease journal compacted", "took", time.Since(start).Round(time.Millisecond), "records", c.Live,
+				"grantsStopped", c.Stopped.Round(time.Microsecond), "acksHeld", c.Held.Round(time.Microsecond))
 		}
 	}
 }

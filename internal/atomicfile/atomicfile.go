@@ -84,6 +84,10 @@ func (r *Replacement) Commit() error {
 	return syncDir(filepath.Dir(r.path))
 }
 
+// Renamed reports whether Commit got as far as putting the file in
+// place of path (even if it then failed to sync the directory).
+func (r *Replacement) Renamed() bool { return r.committed }
+
 // Abort closes the replacement and removes it, leaving path as it was.
 // After Commit it only closes the file.
 func (r *Replacement) Abort() {

@@ -236,8 +236,13 @@ func (s *Store) flush(atSwap func()) (live int, err error) {
 	}
 	s.mu.Unlock()
 	err = s.journal.append(data)
+	if err == nil && s.shadow != nil {
+		err = s.shadow.append(data)
+	}
 	if err == nil && s.compacting {
-		s.tail = append(s.tail, data...)
+		if s.shadow == nil {
+			s.tail = append(s.tail, data...)
+		}
 		s.tailRecords += int(target - s.flushed)
 	}
 	s.spare = data[:0]
@@ -261,6 +266,9 @@ func (s *Store) Sync(seq Seq) error {
 	live, err := s.flush(nil)
 	if err == nil {
 		err = s.journal.sync()
+	}
+	if err == nil && s.shadow != nil {
+		err = s.shadow.sync()
 	}
 	if err != nil {
 		s.failed = err
@@ -289,22 +297,23 @@ func (s *Store) CompactionDue() <-chan struct{} { return s.due }
 //  2. Write the snapshot to a new file beside the journal and sync it,
 //     then the tail so far (no locks held: grants and syncs go on in the
 //     old journal).
-//  3. Holding up journal writes: append the rest of the tail, sync, rename
-//     the new file over the journal, sync the directory, and write on in
-//     the new file.
+//  3. Holding up journal writes: append the rest of the tail. From then
+//     on each batch is written and synced in both files.
+//  4. Sync the new file, rename it over the journal and sync the
+//     directory (syncs go on, in both files), then write on in the new
+//     file only.
 //
-// Until the rename, the old journal has every durable record, and after
-// it the new one does; no record goes to the new file before the rename
-// is durable. A crash at any point leaves one or the other, plus a
-// temporary file that Open removes.
-func (s *Store) Compact() error {
+// Until the rename, the old journal has every durable record; from step
+// 3 on, the new one has them too. A crash at any point leaves one or the
+// other, plus a temporary file that Open removes.
+func (s *Store) Compact() (c Compaction, err error) {
 	s.compactMu.Lock()
 	defer s.compactMu.Unlock()
 
 	s.syncMu.Lock()
 	if s.failed != nil {
 		s.syncMu.Unlock()
-		return s.failed
+		return c, s.failed
 	}
 	// The snapshot holds every record appended so far, so they must be in
 	// the old file before the tail starts: flush them, taken at the same
@@ -312,52 +321,104 @@ func (s *Store) Compact() error {
 	// part of the snapshot, in the new file). Records appended after it
 	// go to the tail.
 	var snap []record
-	if _, err := s.flush(func() { snap = s.snapshot() }); err != nil {
+	if _, err := s.flush(func() {
+		start := time.Now()
+		snap = s.snapshot()
+		c.Stopped = time.Since(start)
+	}); err != nil {
 		s.failed = err
 		s.syncMu.Unlock()
-		return err
+		return c, err
 	}
+	c.Live = len(snap)
 	s.compacting, s.tail, s.tailRecords = true, s.tail[:0], 0
 	s.syncMu.Unlock()
 
 	j, r, err := newJournal(s.path, encode(snap))
 	if err != nil {
-		return s.compactFailed(nil, err)
+		return c, s.compactFailed(nil, err)
 	}
 	if err := j.sync(); err != nil {
-		return s.compactFailed(r, err)
+		return c, s.compactFailed(r, err)
 	}
 	s.syncMu.Lock()
 	caughtUp := bytes.Clone(s.tail)
 	s.syncMu.Unlock()
 	if err := j.append(caughtUp); err != nil {
-		return s.compactFailed(r, err)
+		return c, s.compactFailed(r, err)
 	}
 	if err := j.sync(); err != nil {
-		return s.compactFailed(r, err)
+		return c, s.compactFailed(r, err)
 	}
+
+	// From here until the new journal is in place, every batch goes to
+	// both files and is synced in both before its ACKs leave: whichever
+	// file the journal's name points at after a crash holds it.
+	s.syncMu.Lock()
+	if s.failed != nil { // the old journal failed, or the store was closed
+		s.compacting, s.tail = false, nil
+		s.syncMu.Unlock()
+		r.Abort()
+		return c, s.failed
+	}
+	held := time.Now()
+	if err := j.append(s.tail[len(caughtUp):]); err != nil {
+		s.syncMu.Unlock()
+		return c, s.compactFailed(r, err)
+	}
+	s.shadow, s.tail = j, nil
+	c.Held = time.Since(held)
+	s.syncMu.Unlock()
+
+	if beforeCommit != nil {
+		beforeCommit(r.Name())
+	}
+	err = r.Commit() // fsync, rename, fsync of the directory
 
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
-	if s.failed != nil { // the old journal failed, or the store was closed
-		s.compacting, s.tail = false, nil
+	s.shadow, s.compacting = nil, false
+	switch {
+	case err != nil && r.Renamed():
+		// The name points at the new file, but the directory may not
+		// be durable: after a crash it may be either file. Both have
+		// every record so far; write no more to either.
 		r.Abort()
-		return s.failed
-	}
-	err = j.append(s.tail[len(caughtUp):])
-	if err == nil {
-		err = r.Commit()
-	}
-	if err != nil {
-		s.compacting, s.tail = false, nil
+		if s.failed == nil {
+			s.failed = fmt.Errorf("compact leases: %w", err)
+		}
+		return c, s.failed
+	case err != nil:
 		s.retryAfter = s.fileRecords + s.compactMin
 		r.Abort()
-		return fmt.Errorf("compact leases: %w", err)
+		return c, fmt.Errorf("compact leases: %w", err)
+	case s.failed != nil: // a write failed meanwhile, or the store was closed
+		r.Abort()
+		return c, s.failed
 	}
 	s.journal.f.Close()
 	s.journal, s.fileRecords = j, len(snap)+s.tailRecords
-	s.compacting, s.tail, s.retryAfter = false, nil, 0
-	return nil
+	s.retryAfter = 0
+	return c, nil
+}
+
+// beforeCommit, set by tests, runs in Compact while grants are written to
+// both journals (the new one still at its temporary name).
+var beforeCommit func(newJournal string)
+
+// Compaction is what one Compact did, and what it cost the grants going
+// on meanwhile.
+type Compaction struct {
+	// Live is how many records the new journal started with.
+	Live int
+	// Stopped is how long offers and grants waited: while the live
+	// records were copied.
+	Stopped time.Duration
+	// Held is how long ACKs waited beyond their own sync (Sync was
+	// blocked): while the rest of the tail went to the new journal. While
+	// the new journal is made durable and renamed into place, each sync
+	// writes to both files instead.
+	Held time.Duration
 }
 
 // compactFailed ends a compaction that could not write its new journal:

@@ -141,7 +141,8 @@ type Store struct {
 
 	// Compaction (see Compact). fileRecords counts the records in the
 	// journal file; while compacting, tail keeps what is written to the old
-	// file after the snapshot, for the new one. All under syncMu.
+	// file after the snapshot, for the new one, until shadow (the new
+	// file) receives every write itself. All under syncMu.
 	compactMu   sync.Mutex // one compaction at a time
 	due         chan struct{}
 	compactMin  int // records a journal may hold before compaction is due
@@ -150,6 +151,7 @@ type Store struct {
 	compacting  bool
 	tail        []byte
 	tailRecords int
+	shadow      *journalFile
 }
 
 type offer struct {

@@ -287,7 +287,7 @@ func TestLeaseChild(t *testing.T) {
 		// Compact over and over, so kills land in every step of it.
 		go func() {
 			for n := 1; ; n++ {
-				if err := s.Compact(); err != nil {
+				if _, err := s.Compact(); err != nil {
 					fmt.Println("compact:", err)
 					os.Exit(1)
 				}
@@ -472,7 +472,7 @@ func TestCompactWhileGranting(t *testing.T) {
 	for running := true; running; {
 		select {
 		case <-s.CompactionDue():
-			if err := s.Compact(); err != nil {
+			if _, err := s.Compact(); err != nil {
 				t.Fatal(err)
 			}
 			compactions++
@@ -483,7 +483,7 @@ func TestCompactWhileGranting(t *testing.T) {
 	if compactions == 0 {
 		t.Fatal("no compaction came due")
 	}
-	if err := s.Compact(); err != nil {
+	if _, err := s.Compact(); err != nil {
 		t.Fatal(err)
 	}
 	fi, _ := os.Stat(filepath.Join(dir, "leases.jsonl"))
@@ -521,7 +521,7 @@ func TestCompactKeepsBindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.t = c.t.Add(time.Hour)
-	if err := s.Compact(); err != nil {
+	if _, err := s.Compact(); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -675,7 +675,7 @@ func TestLeasesOutsideEveryNetworkKept(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Compact(); err != nil {
+		if _, err := s.Compact(); err != nil {
 			t.Fatal(err)
 		}
 		if l, ok := s.Lookup(macA); !ok || l.IP != ip("10.7.0.5") {
@@ -734,4 +734,105 @@ func startLeaseChild(t *testing.T, self, dir string, next int, env ...string) (*
 		close(lines)
 	}()
 	return cmd, lines
+}
+
+// TestCompactSwitchWritesBoth: a grant synced while the new journal is
+// being put in place is in both files, so it survives a crash before the
+// rename, after it, or before the directory is synced.
+func TestCompactSwitchWritesBoth(t *testing.T) {
+	dir := t.TempDir()
+	pool := mustPool(t, "10.8.0.1-10.8.0.250")
+	s, err := Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := func(mac string) netip.Addr {
+		ip, err := s.Offer(mac, netip.Addr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Grant(mac, ip, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		return ip
+	}
+	before := grant("52:54:00:00:00:01")
+	var during netip.Addr
+	var inOld, inNew []byte
+	beforeCommit = func(newJournal string) {
+		during = grant("52:54:00:00:00:02") // Sync must not wait for the switch
+		inOld, _ = os.ReadFile(filepath.Join(dir, "leases.jsonl"))
+		inNew, _ = os.ReadFile(newJournal)
+	}
+	t.Cleanup(func() { beforeCommit = nil })
+	c, err := s.Compact()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string][]byte{"old journal": inOld, "new journal": inNew} {
+		for _, rec := range []string{`"mac":"52:54:00:00:00:01","ip":"` + before.String(), `"mac":"52:54:00:00:00:02","ip":"` + during.String()} {
+			if !bytes.Contains(content, []byte(rec)) {
+				t.Errorf("%s during the switch lacks %s", name, rec)
+			}
+		}
+	}
+	if c.Live != 1 {
+		t.Errorf("compaction started with %d live records, want 1", c.Live)
+	}
+	after := grant("52:54:00:00:00:03")
+	s.Close()
+	s, err = Open(dir, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for mac, ip := range map[string]netip.Addr{"52:54:00:00:00:01": before, "52:54:00:00:00:02": during, "52:54:00:00:00:03": after} {
+		if l, ok := s.Lookup(mac); !ok || l.IP != ip {
+			t.Errorf("after the switch and a restart, %s has %v, want %s", mac, l.IP, ip)
+		}
+	}
+}
+
+// TestJournalReadableByLineReaders: a journal with its zero-filled tail,
+// cut after its last newline, is plain JSON lines, which is how builds
+// from before the tail read it. So going back to such a build after a
+// clean stop (or a crash between batches) keeps every lease; only a batch
+// torn across blocks leaves bytes it refuses (with the line number, and
+// changing nothing), where this build stops at the first zero byte.
+func TestJournalReadableByLineReaders(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.0.250"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		mac := fmt.Sprintf("52:54:00:00:01:%02x", i)
+		ip, err := s.Offer(mac, netip.Addr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Grant(mac, ip, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "leases.jsonl"))
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) < preallocate || data[len(data)-1] != 0 {
+		t.Fatalf("journal of %d bytes has no zero-filled tail", len(data))
+	}
+	data = data[:bytes.LastIndexByte(data, '\n')+1]
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != n {
+		t.Fatalf("%d lines before the tail, want %d", len(lines), n)
+	}
+	for i, line := range lines {
+		var r record
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Op != opGrant {
+			t.Errorf("line %d %q: %v", i+1, line, err)
+		}
+	}
 }
