@@ -1,12 +1,16 @@
 package pxe
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
 
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/inventory"
@@ -155,6 +159,109 @@ func TestScriptByArch(t *testing.T) {
 				if strings.Contains(script, w) {
 					t.Errorf("script has %q:\n%s", w, script)
 				}
+			}
+		})
+	}
+}
+
+// TestSNPOnly: machines named by MAC or SMBIOS UUID load snponly.efi,
+// x86-64 UEFI only; everyone else gets the usual iPXE.
+func TestSNPOnly(t *testing.T) {
+	dir := bootFiles(t)
+	if err := os.WriteFile(filepath.Join(dir, "snponly.efi"), []byte("snponly"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := archConfig(dir)
+	cfg.SNPOnly = []string{"52:54:00:00:00:01", "0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0"}
+	cfg.SNPOnlyBootFile = filepath.Join(dir, "snponly.efi")
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	// Option 97 as firmware sends it: type 0, then the SMBIOS bytes,
+	// whose first three fields are little-endian.
+	guid := []byte{0, 0x3c, 0x2d, 0x1e, 0x0f, 0x5a, 0x4b, 0x78, 0x69, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2, 0xe1, 0xf0}
+	tests := []struct {
+		name string
+		mac  net.HardwareAddr
+		arch iana.Arch
+		guid bool
+		want string
+	}{
+		{"listed by MAC", net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, iana.EFI_X86_64, false, "snponly.efi"},
+		{"listed by UUID", net.HardwareAddr{0x52, 0x54, 0, 0, 0, 2}, iana.EFI_X86_64, true, "snponly.efi"},
+		{"not listed", net.HardwareAddr{0x52, 0x54, 0, 0, 0, 3}, iana.EFI_X86_64, false, "ipxe.efi"},
+		{"listed, but BIOS", net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, iana.INTEL_X86PC, false, "undionly.kpxe"},
+		{"listed, HTTP boot", net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, iana.EFI_X86_64_HTTP, false, "http://10.77.0.1:8080/boot/snponly.efi"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			class := "PXEClient"
+			if tc.arch == iana.EFI_X86_64_HTTP {
+				class = "HTTPClient"
+			}
+			mods := []dhcpv4.Modifier{
+				dhcpv4.WithOption(dhcpv4.OptClassIdentifier(fmt.Sprintf("%s:Arch:%05d:UNDI:003016", class, tc.arch))),
+				dhcpv4.WithOption(dhcpv4.OptClientArch(tc.arch)),
+			}
+			if tc.guid {
+				mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionClientMachineIdentifier, guid))
+			}
+			req, err := dhcpv4.NewDiscovery(tc.mac, mods...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := s.responder.Decide(req, dhcp.PortDHCP)
+			if err != nil || d.Reply == nil {
+				t.Fatalf("no reply: %v", err)
+			}
+			if d.Reply.BootFileName != tc.want {
+				t.Errorf("boot file %q, want %q", d.Reply.BootFileName, tc.want)
+			}
+		})
+	}
+	if s.bootFiles["snponly.efi"] != cfg.SNPOnlyBootFile {
+		t.Errorf("snponly.efi is not served: %v", s.bootFiles)
+	}
+}
+
+func TestSNPOnlyRefused(t *testing.T) {
+	dir := bootFiles(t)
+	other := filepath.Join(dir, "other")
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "snponly.efi"), filepath.Join(other, "snponly.efi")} {
+		if err := os.WriteFile(p, []byte("snponly"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		cfg     func(*Config)
+		wantErr string
+	}{
+		{"neither a MAC nor a UUID", func(c *Config) { c.SNPOnly = []string{"cp-1"} }, `snponly.efi for "cp-1"`},
+		{"a missing snponly.efi", func(c *Config) {
+			c.SNPOnly = []string{"52:54:00:00:00:01"}
+			c.SNPOnlyBootFile = filepath.Join(dir, "nope.efi")
+		}, "snponly boot file"},
+		{"two files named snponly.efi", func(c *Config) {
+			c.SNPOnly = []string{"52:54:00:00:00:01"}
+			c.UEFIBootFile = filepath.Join(other, "snponly.efi")
+			c.SNPOnlyBootFile = filepath.Join(dir, "snponly.efi")
+		}, "two files named snponly.efi"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := archConfig(dir)
+			tc.cfg(&cfg)
+			if err := cfg.setDefaults(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want %q", err, tc.wantErr)
 			}
 		})
 	}

@@ -267,6 +267,9 @@ func TestQEMUNetboot(t *testing.T) {
 	for _, v := range vms {
 		args = append(args, "--allow-mac", v.mac.String())
 	}
+	// The OVMF PXE VM, named by its SMBIOS UUID as a rack may, loads
+	// snponly.efi: iPXE through OVMF's own virtio-net driver.
+	args = append(args, "--snponly", strings.ToUpper(vms[1].uuid))
 	if armAssets != "" {
 		args = append(args, "--kernel-arm64", filepath.Join(armAssets, "vmlinuz"),
 			"--initrd-arm64", bootInitramfs(t, armAssets, filepath.Join(armAssets, "busybox")),
@@ -331,9 +334,11 @@ func TestQEMUNetboot(t *testing.T) {
 			t.Log(line)
 		}
 	}
-	// The UEFI VM took the firmware PXE path: TFTP of Debian's ipxe.efi.
-	if !hasLine(serverLog.String(), "tftp sent", "file=ipxe.efi") {
-		t.Errorf("UEFI VM did not load ipxe.efi over TFTP:\n%s", serverLog.String())
+	// The UEFI VM took the firmware PXE path: TFTP of Debian's
+	// snponly.efi, which it was given by its UUID.
+	if !hasLine(serverLog.String(), "dhcp reply", "mac="+vms[1].mac.String(), "file=snponly.efi") ||
+		!hasLine(serverLog.String(), "tftp sent", "file=snponly.efi") {
+		t.Errorf("UEFI VM did not load snponly.efi over TFTP:\n%s", serverLog.String())
 	}
 	// The HTTP boot VMs: an offer with the URL of their iPXE, which the
 	// firmware's own HTTP client then fetched. The arm64 PXE VM: TFTP of

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,9 @@ import (
 const (
 	DefaultBIOSBootFile = "/usr/lib/ipxe/undionly.kpxe"
 	DefaultUEFIBootFile = "/usr/lib/ipxe/ipxe.efi"
+	// DefaultSNPOnlyBootFile is iPXE that drives the NIC through the
+	// firmware's own UEFI driver (SNP), for NICs iPXE has no driver for.
+	DefaultSNPOnlyBootFile = "/usr/lib/ipxe/snponly.efi"
 	// DefaultARM64BootFile is where Debian 13's ipxe package (the first
 	// to build arm64) puts it; used when an arm64 kernel is given.
 	DefaultARM64BootFile = "/usr/lib/ipxe/ipxe-arm64.efi"
@@ -105,6 +109,14 @@ type Config struct {
 	// BIOSBootFile and UEFIBootFile are iPXE binaries (Debian's by default);
 	// ARM64BootFile is needed with ARM64 (default DefaultARM64BootFile).
 	BIOSBootFile, UEFIBootFile, ARM64BootFile string
+	// SNPOnly lists x86-64 UEFI machines, each by MAC or SMBIOS UUID, that
+	// load SNPOnlyBootFile (default DefaultSNPOnlyBootFile) instead of
+	// UEFIBootFile.
+	SNPOnly         []string
+	SNPOnlyBootFile string
+	// snpOnly is SNPOnly in canonical form (MAC as net prints it, UUID
+	// in lower case), as a set.
+	snpOnly map[string]bool
 
 	Log *slog.Logger
 }
@@ -165,6 +177,9 @@ func (c *Config) setDefaults() error {
 	if err := c.resolveARM64(); err != nil {
 		return err
 	}
+	if err := c.resolveSNPOnly(); err != nil {
+		return err
+	}
 	for mac, path := range c.MachineConfigs {
 		fi, err := os.Stat(path)
 		if err != nil {
@@ -212,6 +227,39 @@ func (c *Config) setDefaults() error {
 	}
 	return nil
 }
+
+// resolveSNPOnly checks the machines that load snponly.efi and its file.
+func (c *Config) resolveSNPOnly() error {
+	c.snpOnly = map[string]bool{}
+	for _, id := range c.SNPOnly {
+		switch hw, err := net.ParseMAC(id); {
+		case err == nil && len(hw) == 6:
+			c.snpOnly[hw.String()] = true
+		case uuidPattern.MatchString(strings.ToLower(id)):
+			c.snpOnly[strings.ToLower(id)] = true
+		default:
+			return fmt.Errorf("snponly.efi for %q: want a MAC such as 52:54:00:12:34:56 or an SMBIOS UUID such as 4c4c4544-0042-3510-8052-b4c04f333432", id)
+		}
+	}
+	if len(c.snpOnly) == 0 {
+		return nil
+	}
+	if c.SNPOnlyBootFile == "" {
+		c.SNPOnlyBootFile = DefaultSNPOnlyBootFile
+	}
+	if _, err := os.Stat(c.SNPOnlyBootFile); err != nil {
+		return fmt.Errorf("snponly boot file: %w", err)
+	}
+	if filepath.Base(c.UEFIBootFile) == snpOnlyName && c.UEFIBootFile != c.SNPOnlyBootFile {
+		return fmt.Errorf("two files named %s (%s and %s): the TFTP server serves files by name", snpOnlyName, c.UEFIBootFile, c.SNPOnlyBootFile)
+	}
+	return nil
+}
+
+// snpOnlyName is the name snponly.efi is served under.
+const snpOnlyName = "snponly.efi"
+
+var uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // defaultARM64BootFile is DefaultARM64BootFile, or a file of a test's.
 var defaultARM64BootFile = DefaultARM64BootFile
@@ -405,6 +453,15 @@ func newServer(cfg Config) (*server, error) {
 		HTTPPort: cfg.HTTPPort,
 		Files:    files,
 		Allow:    func(c dhcp.Client) bool { return s.allowed(c.MAC) },
+	}
+	if len(cfg.snpOnly) > 0 {
+		s.bootFiles[snpOnlyName] = cfg.SNPOnlyBootFile
+		bootCfg.BootFile = func(c dhcp.Client) string {
+			if c.CPU == dhcp.AMD64 && c.Firmware == dhcp.UEFI && (cfg.snpOnly[c.MAC.String()] || cfg.snpOnly[c.UUID]) {
+				return snpOnlyName
+			}
+			return ""
+		}
 	}
 	if cfg.Mode == "full" {
 		nets := make([]lease.Network, len(cfg.networks))

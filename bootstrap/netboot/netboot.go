@@ -6,6 +6,7 @@
 package netboot
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -63,6 +64,9 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 		networks = append(networks, nw.Subnet)
 	}
 	for _, m := range r.Machines {
+		if m.IPXE == rack.IPXESNPOnly {
+			cfg.SNPOnly = append(cfg.SNPOnly, cmp.Or(m.MAC, m.UUID))
+		}
 		if m.MAC == "" {
 			continue // found by UUID: only --allow-unknown boots it
 		}

@@ -24,9 +24,11 @@ machines:
         addresses: [10.8.0.21/24]
   - hostname: w2
     uuid: 4c4c4544-0042-3510-8052-b4c04f333432
+    ipxe: snponly
     install: {disk: /dev/vda}
   - hostname: w3
     mac: 52:54:00:00:00:04
+    ipxe: snponly
     install: {disk: /dev/vda}
     interfaces:
       - {mac: 52:54:00:00:00:04, addresses: [192.168.1.5/24]}
@@ -62,6 +64,9 @@ machines:
 	}
 	if !NeedsUnknown(r) {
 		t.Error("w2 has only a UUID: the server must boot unknown MACs")
+	}
+	if got := strings.Join(cfg.SNPOnly, " "); got != "4c4c4544-0042-3510-8052-b4c04f333432 52:54:00:00:00:04" {
+		t.Errorf("snponly.efi for %q, want w2 by its UUID and w3 by its MAC", got)
 	}
 }
 

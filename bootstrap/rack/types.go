@@ -28,6 +28,12 @@ const (
 	DHCPModeFull  = "full"
 )
 
+// The iPXE builds a machine can netboot into (Machine.IPXE).
+const (
+	IPXEDefault = "ipxe"
+	IPXESNPOnly = "snponly"
+)
+
 // Rack is the whole file.
 type Rack struct {
 	APIVersion string   `yaml:"apiVersion" json:"apiVersion"`
@@ -131,8 +137,13 @@ type Machine struct {
 	Role string `yaml:"role,omitempty" json:"role,omitempty"`
 	// MAC and UUID select the server: the MAC it PXE-boots from, or its
 	// SMBIOS system UUID. At least one is required.
-	MAC        string      `yaml:"mac,omitempty" json:"mac,omitempty"`
-	UUID       string      `yaml:"uuid,omitempty" json:"uuid,omitempty"`
+	MAC  string `yaml:"mac,omitempty" json:"mac,omitempty"`
+	UUID string `yaml:"uuid,omitempty" json:"uuid,omitempty"`
+	// IPXE is the iPXE an x86-64 UEFI machine netboots into: ipxe
+	// (default: ipxe.efi, with iPXE's own NIC drivers) or snponly
+	// (snponly.efi, through the firmware's NIC driver, for NICs iPXE
+	// does not drive).
+	IPXE       string      `yaml:"ipxe,omitempty" json:"ipxe,omitempty"`
 	Install    Install     `yaml:"install" json:"install"`
 	Interfaces []Interface `yaml:"interfaces,omitempty" json:"interfaces,omitempty"`
 	Patches    []Patch     `yaml:"patches,omitempty" json:"patches,omitempty"`

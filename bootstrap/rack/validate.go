@@ -21,19 +21,20 @@ import (
 const MinTalosVersion = "v1.12.0"
 
 var (
-	dnsLabel  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	hexID     = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	extension = regexp.MustCompile(`^[a-z0-9-]+/[a-z0-9][a-z0-9._-]*$`)
-	uuidRE    = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	linkName  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,14}$`)
-	bondModes = []string{"balance-rr", "active-backup", "balance-xor", "broadcast", "802.3ad", "balance-tlb", "balance-alb"}
-	diskTypes = []string{"ssd", "hdd", "nvme", "sd"}
-	roles     = []string{RoleControlPlane, RoleWorker}
-	dhcpModes = []string{DHCPModeProxy, DHCPModeFull}
-	targets   = []string{"all", RoleControlPlane, RoleWorker}
-	backends  = []string{"lvm-thin", "zfs"}
-	listOf    = func(s []string) string { return strings.Join(s, ", ") }
-	errorf    = func(path, format string, a ...any) Problem {
+	dnsLabel   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	hexID      = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	extension  = regexp.MustCompile(`^[a-z0-9-]+/[a-z0-9][a-z0-9._-]*$`)
+	uuidRE     = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	linkName   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,14}$`)
+	bondModes  = []string{"balance-rr", "active-backup", "balance-xor", "broadcast", "802.3ad", "balance-tlb", "balance-alb"}
+	diskTypes  = []string{"ssd", "hdd", "nvme", "sd"}
+	roles      = []string{RoleControlPlane, RoleWorker}
+	dhcpModes  = []string{DHCPModeProxy, DHCPModeFull}
+	ipxeBuilds = []string{IPXEDefault, IPXESNPOnly}
+	targets    = []string{"all", RoleControlPlane, RoleWorker}
+	backends   = []string{"lvm-thin", "zfs"}
+	listOf     = func(s []string) string { return strings.Join(s, ", ") }
+	errorf     = func(path, format string, a ...any) Problem {
 		return Problem{Path: path, Message: fmt.Sprintf(format, a...)}
 	}
 )
@@ -349,6 +350,9 @@ func (r *Rack) validateMachines() []Problem {
 				ps = append(ps, errorf(path+".uuid", "%q is not an SMBIOS UUID such as 4c4c4544-0042-3510-8052-b4c04f333432", m.UUID))
 			}
 			unique(path+".uuid", "UUID", m.UUID)
+		}
+		if m.IPXE != "" && !slices.Contains(ipxeBuilds, m.IPXE) {
+			ps = append(ps, errorf(path+".ipxe", "%q is not one of %s", m.IPXE, listOf(ipxeBuilds)))
 		}
 		ps = append(ps, validateInstall(path+".install", m.Install)...)
 		names := map[string]bool{}

@@ -250,7 +250,9 @@ every DHCP client on the interface gets an address).`,
 	f.BoolVar(&cfg.LocalDiskAfterInstall, "local-disk-after-install", false,
 		"once a machine has fetched its config and booted again, boot it from its disk (iPXE exit) instead of the network")
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
-	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients (snponly.efi uses the firmware's NIC driver)")
+	f.StringVar(&cfg.UEFIBootFile, "ipxe-uefi", pxe.DefaultUEFIBootFile, "iPXE binary for x86-64 UEFI clients")
+	f.StringArrayVar(&cfg.SNPOnly, "snponly", nil, "MAC or SMBIOS UUID of an x86-64 UEFI machine that loads snponly.efi (iPXE through the firmware's NIC driver) instead (repeatable)")
+	f.StringVar(&cfg.SNPOnlyBootFile, "ipxe-snponly", pxe.DefaultSNPOnlyBootFile, "the snponly.efi for --snponly machines")
 	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients, with --kernel-arm64 (default "+pxe.DefaultARM64BootFile+", from Debian 13's ipxe)")
 	f.StringVar(&rackFile, "rack", "", "serve the machines of this rack file: its interface, DHCP mode, pool, gateway, DNS, fixed addresses and MACs (flags given too override it)")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
@@ -300,6 +302,7 @@ func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
 		cfg.Networks = base.Networks
 	}
 	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
+	cfg.SNPOnly = append(cfg.SNPOnly, base.SNPOnly...)
 	cfg.Talos = true
 	return checkRackBoot(r, *cfg, "")
 }

@@ -67,6 +67,8 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh"}), "--initrd-arm64"},
 		{slices.Concat(boots, []string{"--initrd-arm64", "/bin/sh"}), "--kernel-arm64"},
 		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh", "--initrd-arm64", "/nonexistent", "--ipxe-arm64", "/bin/sh"}), "arm64 boot file"},
+		{slices.Concat(boots, []string{"--snponly", "eth0"}), `snponly.efi for "eth0": want a MAC`},
+		{slices.Concat(boots, []string{"--snponly", "52:54:00:12:34:56", "--ipxe-snponly", "/nonexistent"}), "snponly boot file"},
 	}
 	for _, tc := range tests {
 		args := append([]string{"pxe", "serve", "--interface", "lo"}, tc.args...)
