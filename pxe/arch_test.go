@@ -40,25 +40,36 @@ func archConfig(dir string) Config {
 func TestResolveARM64(t *testing.T) {
 	dir := bootFiles(t)
 	arm := Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
+	// An arm64 Image as the only kernel: its header says so.
+	image := make([]byte, 0x400)
+	copy(image[0x38:], "ARM\x64")
+	armImage := filepath.Join(dir, "Image")
+	if err := os.WriteFile(armImage, image, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	main := Image{Kernel: filepath.Join(dir, "vmlinuz"), Initrds: []string{filepath.Join(dir, "initrd")}, Cmdline: "console=ttyS0"}
 	tests := []struct {
 		name        string
 		cfg         func(*Config)
 		haveDefault bool // DefaultARM64BootFile exists (Debian 13's ipxe)
 		wantErr     string
+		want        Image  // ARM64 afterwards
 		wantFile    string // ARM64BootFile afterwards
-		wantCmdline string // ARM64.Cmdline afterwards
 	}{
-		{name: "x86 only: arm64 machines are not answered", cfg: func(*Config) {}},
+		{name: "x86 only: arm64 machines are not answered", cfg: func(*Config) {}, haveDefault: true},
 		{name: "an arm64 kernel and Debian's iPXE", cfg: func(c *Config) { c.ARM64 = arm }, haveDefault: true,
-			wantFile: "default", wantCmdline: "console=ttyS0"},
+			want: Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyS0"}, wantFile: "default"},
 		{name: "an arm64 kernel, its own command line and iPXE", cfg: func(c *Config) {
 			c.ARM64 = arm
 			c.ARM64.Cmdline = "console=ttyAMA0"
 			c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
-		}, wantFile: filepath.Join(dir, "ipxe-arm64.efi"), wantCmdline: "console=ttyAMA0"},
+		}, want: Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyAMA0"}, wantFile: filepath.Join(dir, "ipxe-arm64.efi")},
+		{name: "an arm64 iPXE alone: the one kernel boots every client", cfg: func(c *Config) { c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi") },
+			want: main, wantFile: filepath.Join(dir, "ipxe-arm64.efi")},
+		{name: "the one kernel is arm64, and Debian's arm64 iPXE is there", cfg: func(c *Config) { c.Kernel = armImage }, haveDefault: true,
+			want: Image{Kernel: armImage, Initrds: main.Initrds, Cmdline: main.Cmdline}, wantFile: "default"},
+		{name: "the one kernel is arm64, no arm64 iPXE: not answered", cfg: func(c *Config) { c.Kernel = armImage }},
 		{name: "no arm64 iPXE anywhere", cfg: func(c *Config) { c.ARM64 = arm }, wantErr: "no iPXE for arm64 UEFI"},
-		{name: "an arm64 iPXE without an arm64 kernel", cfg: func(c *Config) { c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi") },
-			haveDefault: true, wantErr: "arm64 machines would load the x86 kernel"},
 		{name: "an arm64 kernel without an initramfs", cfg: func(c *Config) { c.ARM64.Kernel = arm.Kernel }, haveDefault: true,
 			wantErr: "--initrd-arm64"},
 		{name: "an arm64 initramfs without a kernel", cfg: func(c *Config) { c.ARM64.Initrds = arm.Initrds }, wantErr: "--kernel-arm64"},
@@ -90,8 +101,8 @@ func TestResolveARM64(t *testing.T) {
 			if wantFile == "default" {
 				wantFile = defaultARM64BootFile
 			}
-			if cfg.ARM64BootFile != wantFile || cfg.ARM64.Cmdline != tc.wantCmdline {
-				t.Errorf("arm64 iPXE %q and command line %q, want %q and %q", cfg.ARM64BootFile, cfg.ARM64.Cmdline, wantFile, tc.wantCmdline)
+			if fmt.Sprint(cfg.ARM64) != fmt.Sprint(tc.want) || cfg.ARM64BootFile != wantFile {
+				t.Errorf("arm64 machines boot %+v with iPXE %q, want %+v with %q", cfg.ARM64, cfg.ARM64BootFile, tc.want, wantFile)
 			}
 		})
 	}

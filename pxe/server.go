@@ -28,6 +28,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
 	"github.com/siderolabs/talos/pkg/machinery/kernel"
 
+	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/httpboot"
 	"cozy.dev/cozy/pxe/inventory"
@@ -65,8 +66,8 @@ type Config struct {
 	Initrds []string
 	Cmdline string
 	// ARM64 is what arm64 UEFI machines boot (its Cmdline defaults to
-	// Cmdline). Without a kernel, arm64 machines are not answered: they
-	// must not load an x86 kernel.
+	// Cmdline). Without a kernel, they boot Kernel if ARM64BootFile is
+	// given or Kernel is an arm64 kernel, else they are not answered.
 	ARM64 Image
 
 	// AllowUnknown boots every PXE client on the interface (and in full
@@ -264,23 +265,30 @@ var uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 // defaultARM64BootFile is DefaultARM64BootFile, or a file of a test's.
 var defaultARM64BootFile = DefaultARM64BootFile
 
-// resolveARM64 checks what arm64 machines boot: an arm64 kernel needs an
-// initramfs and an iPXE built for arm64, and an arm64 iPXE without an arm64
-// kernel would boot arm64 machines into the x86 one.
+// resolveARM64 decides what arm64 machines boot. With an arm64 kernel of
+// their own (ARM64), that kernel. Without one, the main kernel, when the
+// user gave an arm64 iPXE (as with pixiecore, one kernel boots every
+// client) or when the main kernel is itself an arm64 one and Debian's arm64
+// iPXE is at hand; otherwise arm64 machines are not answered.
 func (c *Config) resolveARM64() error {
 	a := &c.ARM64
 	switch {
 	case a.Kernel == "" && len(a.Initrds) > 0:
 		return errors.New("an arm64 initramfs without an arm64 kernel: give --kernel-arm64 too")
-	case a.Kernel == "" && c.ARM64BootFile != "":
-		return errors.New("an arm64 iPXE (--ipxe-arm64) without an arm64 kernel: arm64 machines would load the x86 kernel; give --kernel-arm64 and --initrd-arm64")
-	case a.Kernel == "":
-		return nil // arm64 machines are not answered
-	case len(a.Initrds) == 0:
+	case a.Kernel != "" && len(a.Initrds) == 0:
 		return errors.New("an arm64 kernel without an initramfs: give --initrd-arm64 too")
+	case a.Kernel == "":
+		arch, _ := kernelimage.Arch(c.Kernel)
+		if c.ARM64BootFile == "" && (arch != kernelimage.ARM64 || !exists(defaultARM64BootFile)) {
+			return nil // arm64 machines are not answered
+		}
+		if arch == kernelimage.AMD64 {
+			c.Log.Warn("arm64 machines will be handed the x86 kernel: give them their own with --kernel-arm64 and --initrd-arm64", "kernel", c.Kernel)
+		}
+		*a = Image{Kernel: c.Kernel, Initrds: c.Initrds, Cmdline: c.Cmdline}
 	}
 	if c.ARM64BootFile == "" {
-		if _, err := os.Stat(defaultARM64BootFile); err != nil {
+		if !exists(defaultARM64BootFile) {
 			return fmt.Errorf("an arm64 kernel, but no iPXE for arm64 UEFI: %s is missing (Debian 13's ipxe package has it); give one with --ipxe-arm64", defaultARM64BootFile)
 		}
 		c.ARM64BootFile = defaultARM64BootFile
@@ -294,6 +302,11 @@ func (c *Config) resolveARM64() error {
 		}
 	}
 	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // resolveNetworks lists every pool and checks that each lies in its

@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"cozy.dev/cozy/internal/kernelimage"
 )
 
 // Client talks to one Image Factory.
@@ -153,34 +155,44 @@ func (c *Client) download(ctx context.Context, url, path, asset string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// checkAsset reads the magic numbers of a downloaded asset: an x86 Linux
-// kernel has "HdrS" at 0x202, an arm64 one "ARM\x64" at 0x38, and xz
-// starts with FD 37 7A 58 5A 00.
+// checkAsset reads the magic numbers of a downloaded asset: a kernel of
+// the asset's architecture (kernelimage), or xz, which starts with FD 37
+// 7A 58 5A 00.
 func checkAsset(path, asset string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	head := make([]byte, 0x210)
-	n, _ := io.ReadFull(f, head)
-	head = head[:n]
-	at := func(off int, magic string) bool {
-		return len(head) >= off+len(magic) && string(head[off:off+len(magic)]) == magic
-	}
 	var ok bool
 	switch asset {
-	case "kernel-amd64":
-		ok = at(0x202, "HdrS")
-	case "kernel-arm64":
-		ok = at(0x38, "ARM\x64")
+	case "kernel-amd64", "kernel-arm64":
+		arch, err := kernelimage.Arch(path)
+		if err != nil {
+			return err
+		}
+		ok = "kernel-"+arch == asset
 	default:
-		ok = at(0, "\xfd7zXZ\x00")
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		head := make([]byte, 6)
+		n, _ := io.ReadFull(f, head)
+		ok = string(head[:n]) == "\xfd7zXZ\x00"
 	}
 	if !ok {
-		return fmt.Errorf("the download is not a %s (it starts %s)", asset, hex.EncodeToString(head[:min(len(head), 16)]))
+		return fmt.Errorf("the download is not a %s (it starts %s)", asset, hex.EncodeToString(fileStart(path)))
 	}
 	return nil
+}
+
+// fileStart is the first 16 bytes of a file, for an error message.
+func fileStart(path string) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	head := make([]byte, 16)
+	n, _ := io.ReadFull(f, head)
+	return head[:n]
 }
 
 func (c *Client) http() *http.Client {
