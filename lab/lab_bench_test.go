@@ -55,6 +55,26 @@ func TestBenchLab(t *testing.T) {
 		}
 	}
 	row("total", small.Total, big.Total)
+	// What the VMs cost: under TCG the lab is CPU-bound, so this, not
+	// waiting, is what grows with the node count.
+	cpu := func(r *lab.Result) (all, per time.Duration) {
+		for _, v := range r.VMCPU {
+			all += v.CPU
+		}
+		if len(r.VMCPU) > 0 {
+			per = all / time.Duration(len(r.VMCPU))
+		}
+		return all, per
+	}
+	smallAll, smallPer := cpu(small)
+	bigAll, bigPer := cpu(big)
+	row("CPU of all VMs", smallAll, bigAll)
+	row("CPU per VM", smallPer, bigPer)
+	for _, r := range results {
+		for _, v := range r.VMCPU {
+			fmt.Fprintf(&b, "  %d nodes: %-4s %-12s %-5s CPU %s\n", r.Nodes, v.Machine, v.Role, v.Firmware, v.CPU.Round(100*time.Millisecond))
+		}
+	}
 	goal := 180 * time.Second
 	if small.Accel == "kvm" {
 		goal = 60 * time.Second

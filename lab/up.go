@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
 )
@@ -72,6 +73,17 @@ type Result struct {
 	Phases     []PhaseTime   `json:"phases"`
 	Milestones []Milestone   `json:"milestones"`
 	Total      time.Duration `json:"total"`
+	// VMCPU is the CPU time each VM's QEMU used during `lab up`: under
+	// TCG, what its emulated work cost this machine.
+	VMCPU []VMCPU `json:"vmCPU,omitempty"`
+}
+
+// VMCPU is the CPU time one VM used.
+type VMCPU struct {
+	Machine  string        `json:"machine"`
+	Firmware string        `json:"firmware"`
+	Role     string        `json:"role"`
+	CPU      time.Duration `json:"cpu"`
 }
 
 // Up builds the lab and bootstraps it. On failure the lab is left as it
@@ -157,6 +169,13 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		return nil
 	})
 	res.Total = time.Since(start).Round(10 * time.Millisecond)
+	for _, m := range machines {
+		if pid := c.vmPID(m); pid != 0 {
+			if cpu, err := procstat.CPU(pid); err == nil {
+				res.VMCPU = append(res.VMCPU, VMCPU{Machine: m.Name, Firmware: string(m.Firmware), Role: m.Role, CPU: cpu})
+			}
+		}
+	}
 	if err != nil {
 		return res, err
 	}

@@ -3,7 +3,6 @@
 package pxe_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/procstat"
 )
 
 // TestBenchDHCPLeaseRate measures, with perfdhcp, the highest rate of DORA
@@ -116,21 +116,10 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 	fmt.Println()
 }
 
-// processCPU is the CPU time a process has used (user and system, as
-// /proc/PID/stat counts it, in clock ticks of 10 ms).
+// processCPU is the CPU time a process has used, 0 if it is gone.
 func processCPU(pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.Atoi(f[11])
-	stime, _ := strconv.Atoi(f[12])
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	d, _ := procstat.CPU(pid)
+	return d
 }
 
 type perfResult struct {

@@ -108,6 +108,12 @@ func printPhases(w io.Writer, res *lab.Result) {
 	for _, m := range res.Milestones {
 		fmt.Fprintf(w, "    %-34s at %8s\n", m.Name, m.At)
 	}
+	if len(res.VMCPU) > 0 {
+		fmt.Fprintf(w, "  CPU time of each VM:\n")
+		for _, v := range res.VMCPU {
+			fmt.Fprintf(w, "    %-12s %-12s %-5s %9s\n", v.Machine, v.Role, v.Firmware, v.CPU.Round(100*time.Millisecond))
+		}
+	}
 }
 
 func newLabDownCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {

@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/internal/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
@@ -329,15 +330,11 @@ func saveProfile(t *testing.T, file string, get func() ([]byte, error)) {
 // processCPU is a process's user+system CPU time so far.
 func processCPU(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procstat.CPU(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fields after the command name, which is in parentheses.
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	return d
 }
 
 // childrenCPU is the CPU time of this test's child processes (the

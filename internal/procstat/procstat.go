@@ -1,0 +1,40 @@
+// Package procstat reads what /proc says a process has used.
+package procstat
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// CPU is the user and system CPU time process pid has used so far, as
+// /proc/PID/stat counts it (clock ticks, 100 per second on Linux).
+func CPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStat(data)
+}
+
+func parseStat(data []byte) (time.Duration, error) {
+	// The fields after the command name, which is in parentheses and may
+	// itself hold spaces and parentheses.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc stat %q: no command name", data)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc stat: %d fields after the command name, want at least 13", len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc stat: utime %q, stime %q", f[11], f[12])
+	}
+	return time.Duration(utime+stime) * time.Second / 100, nil
+}
