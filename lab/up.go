@@ -15,9 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/procstat"
 )
 
 // Files in a lab's dir besides vms/.
