@@ -29,6 +29,21 @@ func bootFiles(t *testing.T) string {
 	return dir
 }
 
+// startServer checks cfg and makes a server of it (no sockets), closed
+// when the test ends.
+func startServer(t *testing.T, cfg Config) *server {
+	t.Helper()
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	return s
+}
+
 func archConfig(dir string) Config {
 	return Config{
 		Interface: "boot0", ServerIP: netip.MustParseAddr("10.77.0.1"), StateDir: filepath.Join(dir, "state"), AllowUnknown: true,
@@ -87,15 +102,8 @@ func TestResolveARM64(t *testing.T) {
 			t.Cleanup(func() { defaultARM64BootFile = DefaultARM64BootFile })
 			cfg := archConfig(dir)
 			tc.cfg(&cfg)
-			err := cfg.setDefaults()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want %q", err, tc.wantErr)
-				}
+			if failed(t, cfg.setDefaults(), tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			wantFile := tc.wantFile
 			if wantFile == "default" {
@@ -147,14 +155,7 @@ func TestScriptByArch(t *testing.T) {
 					cfg.ARM64.Cmdline = "console=ttyAMA0"
 				}
 			}
-			if err := cfg.setDefaults(); err != nil {
-				t.Fatal(err)
-			}
-			s, err := newServer(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.close()
+			s := startServer(t, cfg)
 			s.inv.SawDHCP(inventory.DHCPSighting{MAC: x86.String(), Arch: string(dhcp.AMD64), Firmware: string(dhcp.UEFI), Allowed: true, Answered: true})
 			s.inv.SawDHCP(inventory.DHCPSighting{MAC: arm.String(), Arch: string(dhcp.ARM64), Firmware: string(dhcp.UEFI), Allowed: true, Answered: tc.arm64})
 			script, ok := s.script(tc.mac)
@@ -185,14 +186,7 @@ func TestSNPOnly(t *testing.T) {
 	cfg := archConfig(dir)
 	cfg.SNPOnly = []string{"52:54:00:00:00:01", "0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0"}
 	cfg.SNPOnlyBootFile = filepath.Join(dir, "snponly.efi")
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := newServer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
+	s := startServer(t, cfg)
 	// Option 97 as firmware sends it: type 0, then the SMBIOS bytes,
 	// whose first three fields are little-endian.
 	guid := []byte{0, 0x3c, 0x2d, 0x1e, 0x0f, 0x5a, 0x4b, 0x78, 0x69, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2, 0xe1, 0xf0}
@@ -271,8 +265,8 @@ func TestSNPOnlyRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := archConfig(dir)
 			tc.cfg(&cfg)
-			if err := cfg.setDefaults(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want %q", err, tc.wantErr)
+			if !failed(t, cfg.setDefaults(), tc.wantErr) {
+				t.Fatalf("no error, want %q", tc.wantErr)
 			}
 		})
 	}

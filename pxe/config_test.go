@@ -48,15 +48,8 @@ func TestResolveNetworks(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
-			err := cfg.resolveNetworks()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want %q", err, tc.wantErr)
-				}
+			if failed(t, cfg.resolveNetworks(), tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var got []string
 			for _, n := range cfg.networks {
@@ -67,6 +60,19 @@ func TestResolveNetworks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failed checks err against wantErr (a part of the message; "" for no
+// error) and reports whether there was an error.
+func failed(t *testing.T, err error, wantErr string) bool {
+	t.Helper()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Fatal(err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Fatalf("error %v, want %q", err, wantErr)
+	}
+	return err != nil
 }
 
 func with(c Config, f func(*Config)) Config {

@@ -168,14 +168,7 @@ func checkAsset(path, asset string) error {
 		}
 		ok = "kernel-"+arch == asset
 	default:
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		head := make([]byte, 6)
-		n, _ := io.ReadFull(f, head)
-		ok = string(head[:n]) == "\xfd7zXZ\x00"
+		ok = bytes.HasPrefix(fileStart(path), []byte("\xfd7zXZ\x00"))
 	}
 	if !ok {
 		return fmt.Errorf("the download is not a %s (it starts %s)", asset, hex.EncodeToString(fileStart(path)))
