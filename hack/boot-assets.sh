@@ -22,6 +22,13 @@ set -euo pipefail
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 log() { echo "boot-assets: $*" >&2; }
 
+# The virtio NIC's modules, in load order: virtio-net needs virtio_ring's
+# symbols (virtio and virtio_ring are built into Debian's arm64 kernel).
+nic_modules=(drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko
+	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko
+	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko
+	drivers/net/virtio_net.ko)
+
 # copy_modules MODDIR OUT MODULE...: copies each module (a path under
 # MODDIR/kernel) into OUT/modules and lists it in OUT/modules.order, in
 # the order given; a module built into this kernel is left out.
@@ -86,11 +93,7 @@ if [[ "${1:-amd64}" == arm64 ]]; then
 	cp "$work/x/bin/busybox" "$work/out/busybox"
 	cp "$work/x/usr/lib/ipxe/ipxe-arm64.efi" "$work/out/ipxe-arm64.efi"
 	moddir="$(echo "$work"/x/lib/modules/*)"
-	# The virtio NIC; virtio and virtio_ring are built into this kernel.
-	copy_modules "$moddir" "$work/out" drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
-		drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
-		drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
-		drivers/net/virtio_net.ko
+	copy_modules "$moddir" "$work/out" "${nic_modules[@]}"
 	rm -rf "$out"
 	mv "$work/out" "$out"
 	log "arm64 kernel $(basename "$moddir") in $out"
@@ -136,16 +139,12 @@ dpkg -x "$work"/*.deb "$work/x"
 mkdir -p "$work/out"
 cp "$work/x/boot/vmlinuz-"* "$work/out/vmlinuz"
 moddir="$(echo "$work"/x/lib/modules/*)"
-# virtio-net, virtio-blk and ext4 (which also mounts ext2) with what they
+# The NIC, virtio-blk and ext4 (which also mounts ext2) with what they
 # depend on, in dependency order: the modules' own depends= and softdep=
-# (the package ships no modules.dep). virtio needs virtio_ring's symbols;
-# ext4 needs jbd2, mbcache and crc16, and crc32c through the crypto API
-# (crc32c_generic: crc32c-intel needs SSE4.2, which TCG's default CPU
-# lacks).
-copy_modules "$moddir" "$work/out" drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko \
-	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko \
-	drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko \
-	drivers/net/virtio_net.ko drivers/block/virtio_blk.ko \
+# (the package ships no modules.dep). ext4 needs jbd2, mbcache and crc16,
+# and crc32c through the crypto API (crc32c_generic: crc32c-intel needs
+# SSE4.2, which TCG's default CPU lacks).
+copy_modules "$moddir" "$work/out" "${nic_modules[@]}" drivers/block/virtio_blk.ko \
 	crypto/crc32c_generic.ko lib/crc16.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko
 rm -rf "$out"
 mv "$work/out" "$out"

@@ -197,7 +197,7 @@ func TestQEMUNetboot(t *testing.T) {
 		prereq.Missing(t, "COZY_BOOT_ASSETS is not set: run `make test`, or export COZY_BOOT_ASSETS=$(hack/boot-assets.sh)")
 	}
 	initrd := bootInitramfs(t, assets, "/bin/busybox")
-	// The arm64 VM: Debian's arm64 kernel and busybox, and Debian 13's
+	// The arm64 VMs: Debian's arm64 kernel and busybox, and Debian 13's
 	// ipxe-arm64.efi, all from hack/boot-assets.sh arm64.
 	armAssets := os.Getenv("COZY_BOOT_ASSETS_ARM64")
 	if _, err := exec.LookPath("qemu-system-aarch64"); err != nil {
@@ -205,9 +205,9 @@ func TestQEMUNetboot(t *testing.T) {
 	}
 	if armAssets == "" {
 		if prereq.InCI() {
-			prereq.Missing(t, "the arm64 VM needs qemu-system-aarch64 (Debian qemu-system-arm) and COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
+			prereq.Missing(t, "the arm64 VMs need qemu-system-aarch64 (Debian qemu-system-arm) and COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
 		}
-		t.Log("no arm64 VM: install qemu-system-arm and qemu-efi-aarch64 and export COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
+		t.Log("no arm64 VMs: install qemu-system-arm and qemu-efi-aarch64 and export COZY_BOOT_ASSETS_ARM64=$(hack/boot-assets.sh arm64)")
 	}
 	dir := t.TempDir() // disks, firmware variables
 	logDir := dir
@@ -225,18 +225,13 @@ func TestQEMUNetboot(t *testing.T) {
 	ns.IP(t, "addr", "add", server+"/24", "dev", "br0")
 	ns.IP(t, "link", "set", "br0", "up")
 	vms := []*vm{
-		{name: "bios", firmware: "bios", uuid: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
-		{name: "uefi", firmware: "uefi", uuid: "12345678-9abc-def0-1234-56789abcdef0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
-		{name: "uefi-http", firmware: "uefi", httpBoot: true, uuid: "9abcdef0-1234-5678-9abc-def012345678", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x12}, tap: "tap2"},
+		{name: "bios", arch: "amd64", firmware: "bios", uuid: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x10}, tap: "tap0"},
+		{name: "uefi", arch: "amd64", firmware: "uefi", uuid: "12345678-9abc-def0-1234-56789abcdef0", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x11}, tap: "tap1"},
+		{name: "uefi-http", arch: "amd64", firmware: "uefi", httpBoot: true, uuid: "9abcdef0-1234-5678-9abc-def012345678", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x12}, tap: "tap2"},
 	}
 	if armAssets != "" {
 		vms = append(vms, &vm{name: "arm64", arch: "arm64", firmware: "uefi", uuid: "fedcba98-7654-3210-fedc-ba9876543210", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x13}, tap: "tap3"})
 		vms = append(vms, &vm{name: "arm64-http", arch: "arm64", firmware: "uefi", httpBoot: true, uuid: "76543210-fedc-ba98-7654-3210fedcba98", mac: net.HardwareAddr{0x52, 0x54, 0, 0xc0, 0x21, 0x14}, tap: "tap4"})
-	}
-	for _, v := range vms {
-		if v.arch == "" {
-			v.arch = "amd64"
-		}
 	}
 	for _, v := range vms {
 		ns.IP(t, "tuntap", "add", v.tap, "mode", "tap")
