@@ -61,28 +61,36 @@ capi: ## Build (once, cached) the Cluster API core manager for the tenant operat
 unit: ## Unit tests: fast, no root, no API server
 	$(GO) test $(TEST_FLAGS) ./...
 
+.PHONY: node
+node: envtest ## Build (once, cached) containerd, the CNI plugins and the images the nodes pull (pause, CoreDNS, flannel, kube-proxy, busybox)
+	hack/node-assets.sh >/dev/null
+	hack/lab-images.sh >/dev/null
+
+# What the tests that run nodes need, built and cached by the hack scripts.
+NODE_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
+	COZY_NODE_ASSETS="$$(hack/node-assets.sh)" COZY_LAB_IMAGES="$$(hack/lab-images.sh)"
+
 .PHONY: test
-test: envtest flux capi ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, network namespaces, QEMU netboot (root)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_BOOT_ASSETS_ARM64="$$(hack/boot-assets.sh arm64)" \
+test: envtest flux capi node ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, a cluster of emulated nodes in namespaces, QEMU netboot (root)
+	$(NODE_ENV) COZY_BOOT_ASSETS_ARM64="$$(hack/boot-assets.sh arm64)" \
 		COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
 		$(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab
-lab: deps build envtest ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a cluster (root; installs its Debian packages first)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
-		bin/cozyctl lab up $(LAB_FLAGS)
+lab: deps build ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a Kubernetes cluster (root; installs its Debian packages, builds what it runs the first time)
+	bin/cozyctl lab up $(LAB_FLAGS)
 
 .PHONY: lab-test
-lab-test: build envtest ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted and bootstrapped, checked phase by phase (root)
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO) test -tags 'integration lab' -count=1 -timeout 30m -run TestLab -v ./lab/
+lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted, bootstrapped, running pods, checked phase by phase (root)
+	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
+		$(GO) test -tags 'integration lab' -count=1 -timeout 40m -run TestLab -v ./lab/
 
 .PHONY: bench
-bench: build envtest ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)
+bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)
 	hack/install-deps.sh bench
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" \
 		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ ./operators/tenantcluster/ | grep -v -e '^=== RUN' -e '^--- PASS'
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
+	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO) test -tags 'integration lab bench' -count=1 -timeout 60m -run 'TestBenchLab' -v ./lab/ | grep -v -e '^=== RUN' -e '^--- PASS'
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 

@@ -115,7 +115,7 @@ if ! kernel_package; then
 	kernel_package || { log "apt has no linux-image-amd64"; exit 1; }
 fi
 # Bump layout when what this script extracts changes.
-layout=3
+layout=4
 out="$cache_root/boot/${pkg}_${version}_v${layout}"
 if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
 	echo "$out"
@@ -146,6 +146,37 @@ moddir="$(echo "$work"/x/lib/modules/*)"
 # SSE4.2, which TCG's default CPU lacks).
 copy_modules "$moddir" "$work/out" "${nic_modules[@]}" drivers/block/virtio_blk.ko \
 	crypto/crc32c_generic.ko lib/crc16.ko fs/mbcache.ko fs/jbd2/jbd2.ko fs/ext4/ext4.ko
+# What a Kubernetes node needs beyond that, each after the modules it
+# depends on (modinfo's depends=): overlayfs for containerd's snapshots;
+# bridge, veth and vxlan for the CNI (flannel); nf_tables and the
+# xtables matches that kube-proxy (nftables mode) and flannel (iptables
+# through nft) use; conntrack's netlink for the conntrack tool.
+k8s_modules=(overlay bridge br_netfilter veth vxlan nf_tables nft_ct nft_nat nft_masq nft_chain_nat
+	nft_compat nft_numgen nft_fib_inet nft_reject_inet nft_redir nft_limit nft_objref nf_conntrack_netlink
+	xt_conntrack xt_comment xt_mark xt_MASQUERADE xt_addrtype xt_multiport xt_statistic xt_nat xt_tcpudp
+	xt_physdev ipt_REJECT ip6t_REJECT)
+# add_module NAME: NAME's dependencies, then NAME, once each.
+declare -A added=()
+add_module() {
+	local name="$1" file dep
+	[[ -n "${added[$name]:-}" ]] && return 0
+	added[$name]=1
+	file="$(find "$moddir/kernel" -name "$name.ko" | head -1)"
+	if [[ -z "$file" ]]; then
+		grep -q "/$name.ko\$" "$moddir/modules.builtin" && return 0
+		log "$(basename "$moddir") has no module $name"
+		return 1
+	fi
+	for dep in $(modinfo -F depends "$file" | tr ',' ' '); do
+		add_module "$dep"
+	done
+	grep -qx "$name.ko" "$work/out/modules.order" && return 0
+	cp "$file" "$work/out/modules/"
+	echo "$name.ko" >>"$work/out/modules.order"
+}
+for m in "${k8s_modules[@]}"; do
+	add_module "$m"
+done
 rm -rf "$out"
 mv "$work/out" "$out"
 log "kernel $(basename "$moddir") in $out"

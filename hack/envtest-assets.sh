@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd that integration tests run through
-# controller-runtime's envtest, from the Go module proxy (no release
-# downloads are reachable here), and prints the directory to use as
-# KUBEBUILDER_ASSETS.
+# Builds the Kubernetes binaries Cozy runs (kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kubectl) and etcd from
+# the Go module proxy (no release downloads are reachable here), and prints
+# their directory: KUBEBUILDER_ASSETS for envtest, and what the emulated
+# Talos node runs.
 #
 #   hack/envtest-assets.sh [KUBERNETES_VERSION [ETCD_VERSION]]
 #
-# Defaults: Kubernetes v1.37.2, etcd v3.6.10 (the versions DESIGN.md pins).
+# Defaults: Kubernetes v1.36.3 (the newest 1.36 the proxy serves: Talos
+# v1.13 runs Kubernetes up to 1.36, and tests and nodes share one build),
+# etcd v3.6.10.
 # The result is cached in $COZY_CACHE_DIR/envtest/k8s-<v>_etcd-<v> (default
 # COZY_CACHE_DIR=$HOME/.cache/cozy); a cached build returns at once. Each
 # binary is built in a temporary directory and renamed into place, so an
@@ -15,7 +18,7 @@
 # Only the directory goes to stdout; progress goes to stderr.
 set -euo pipefail
 
-k8s_version="${1:-v1.37.2}"
+k8s_version="${1:-v1.36.3}"
 etcd_version="${2:-v3.6.10}"
 
 for v in "$k8s_version" "$etcd_version"; do
@@ -28,11 +31,21 @@ done
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 out="$cache_root/envtest/k8s-${k8s_version}_etcd-${etcd_version}"
 
-# Binaries must run in place; `--version` proves they are whole.
+# The binaries of k8s.io/kubernetes, built together: one wrapper module,
+# one build cache.
+k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+
+# runs BIN: it is in the cache and runs in place (`--version` proves it is whole).
+runs() {
+	local v=--version
+	[[ $1 == kubectl ]] && v="version --client"
+	[[ -x "$out/$1" ]] && "$out/$1" $v >/dev/null 2>&1
+}
 have() {
-	[[ -x "$out/kube-apiserver" && -x "$out/etcd" ]] &&
-		"$out/kube-apiserver" --version >/dev/null 2>&1 &&
-		"$out/etcd" --version >/dev/null 2>&1
+	local b
+	for b in etcd "${k8s_binaries[@]}"; do
+		runs "$b" || return 1
+	done
 }
 if have; then
 	echo "$out"
@@ -52,10 +65,12 @@ atomic_install() {
 	mv -f "$out/.$2.tmp" "$out/$2"
 }
 
-build_kube_apiserver() {
-	local mod="$work/kube-apiserver"
+# build_kubernetes BIN...: builds the named binaries of k8s.io/kubernetes
+# in one `go build`.
+build_kubernetes() {
+	local mod="$work/kubernetes"
 	mkdir -p "$mod"
-	log "building kube-apiserver $k8s_version (about 8 minutes cold on 2 cores)"
+	log "building $* $k8s_version (about 14 minutes cold on 2 cores)"
 	# The k8s.io/kubernetes module points its staging modules at ./staging;
 	# a wrapper module maps each to its published k8s.io/<m> v0.<minor>.<patch>.
 	local gomod
@@ -64,7 +79,7 @@ build_kube_apiserver() {
 	[[ -f "$gomod" ]] || { log "cannot download k8s.io/kubernetes@$k8s_version"; exit 1; }
 	local staging_version="v0.${k8s_version#v1.}"
 	{
-		echo "module cozy.dev/envtest/kube-apiserver"
+		echo "module cozy.dev/envtest/kubernetes"
 		echo
 		echo "go 1.26"
 		echo
@@ -73,13 +88,14 @@ build_kube_apiserver() {
 		grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
 			awk -v v="$staging_version" '{ printf "replace %s => %s %s\n", $1, $1, v }'
 	} >"$mod/go.mod"
-	cat >"$mod/tools.go" <<-'EOF'
-	//go:build tools
-
-	package tools
-
-	import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-	EOF
+	{
+		printf '//go:build tools\n\npackage tools\n\nimport (\n'
+		local b
+		for b in "$@"; do
+			printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$b"
+		done
+		printf ')\n'
+	} >"$mod/tools.go"
 	(cd "$mod" && go mod tidy -e >&2)
 
 	local major minor
@@ -91,8 +107,15 @@ build_kube_apiserver() {
 		ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
 		ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 	done
-	(cd "$mod" && go build -trimpath -ldflags "$ldflags" -o "$work/kube-apiserver.bin" k8s.io/kubernetes/cmd/kube-apiserver >&2)
-	atomic_install "$work/kube-apiserver.bin" kube-apiserver
+	local pkgs=()
+	for b in "$@"; do
+		pkgs+=("k8s.io/kubernetes/cmd/$b")
+	done
+	mkdir -p "$work/bin"
+	(cd "$mod" && go build -trimpath -ldflags "$ldflags" -o "$work/bin/" "${pkgs[@]}" >&2)
+	for b in "$@"; do
+		atomic_install "$work/bin/$b" "$b"
+	done
 }
 
 build_etcd() {
@@ -118,11 +141,15 @@ build_etcd() {
 	atomic_install "$work/etcd.bin" etcd
 }
 
-if ! { [[ -x "$out/etcd" ]] && "$out/etcd" --version >/dev/null 2>&1; }; then
+if ! runs etcd; then
 	build_etcd
 fi
-if ! { [[ -x "$out/kube-apiserver" ]] && "$out/kube-apiserver" --version >/dev/null 2>&1; }; then
-	build_kube_apiserver
+missing=()
+for b in "${k8s_binaries[@]}"; do
+	runs "$b" || missing+=("$b")
+done
+if ((${#missing[@]})); then
+	build_kubernetes "${missing[@]}"
 fi
 
 have || { log "built binaries in $out do not run"; exit 1; }

@@ -20,6 +20,7 @@ packages=(
 	procps          # sysctl, for that NAT's IPv4 forwarding
 	ipxe            # undionly.kpxe, ipxe.efi, snponly.efi served by cozyctl pxe serve
 	busybox-static  # the userland of test initramfs images
+	kmod            # modinfo: hack/boot-assets.sh orders the node image's kernel modules
 	dnsmasq-base    # a real DHCP server for proxy mode to run beside
 	isc-dhcp-client # dhclient, a real DHCP client for full mode
 	isc-dhcp-relay  # dhcrelay, a real relay agent (giaddr, option 82)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"cozy.dev/cozy/internal/netns"
 )
 
 // createNetwork makes the lab's namespace with its bridge (the netboot
@@ -21,7 +23,7 @@ func createNetwork(ctx context.Context, name string, machines []Machine) error {
 	if namespaceExists(ns) {
 		return fmt.Errorf("network namespace %s exists: lab %q is up (cozyctl lab down --name %s first)", ns, name, name)
 	}
-	if err := ip(ctx, "netns", "add", ns); err != nil {
+	if err := netns.Add(ctx, ns); err != nil {
 		return err
 	}
 	steps := [][]string{

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"debug/elf"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"cozy.dev/cozy/internal/ociimage"
 )
@@ -35,19 +38,27 @@ func (l labels) Set(s string) error {
 }
 
 func run() error {
-	im := ociimage.Image{Labels: labels{}}
+	im := ociimage.Image{Config: ocispec.ImageConfig{Labels: labels{}}}
 	out := flag.String("o", "", "archive to write")
-	flag.StringVar(&im.Binary, "binary", "", "static binary to pack")
-	flag.StringVar(&im.Path, "path", "", "its path in the image, and the entrypoint")
-	flag.StringVar(&im.User, "user", "65532:65532", "UID:GID the entrypoint runs as")
+	binary := flag.String("binary", "", "static binary to pack")
+	binPath := flag.String("path", "", "its path in the image, and the entrypoint")
+	flag.StringVar(&im.Config.User, "user", "65532:65532", "UID:GID the entrypoint runs as")
 	flag.StringVar(&im.Arch, "arch", "amd64", "the binary's GOARCH")
-	flag.StringVar(&im.Tag, "tag", "", "the image's tag")
-	flag.Var(labels(im.Labels), "label", "KEY=VALUE label of the image (repeatable)")
+	flag.StringVar(&im.Ref, "tag", "", "the image's tag (or full reference) in the archive")
+	flag.Var(labels(im.Config.Labels), "label", "KEY=VALUE label of the image (repeatable)")
 	flag.Parse()
-	if *out == "" || im.Binary == "" || flag.NArg() > 0 {
+	if *out == "" || *binary == "" || *binPath == "" || flag.NArg() > 0 {
 		flag.Usage()
-		return fmt.Errorf("want -o FILE -binary FILE and no arguments")
+		return fmt.Errorf("want -o FILE -binary FILE -path PATH and no arguments")
 	}
+	if err := checkStatic(*binary); err != nil {
+		return err
+	}
+	im.Config.Entrypoint = []string{*binPath}
+	im.Layers = []ociimage.Layer{{
+		Files:     []ociimage.File{{Path: *binPath, Mode: 0o755, Source: *binary}},
+		CreatedBy: "hack/ociimage: " + *binPath,
+	}}
 	// Reproducible builds: the date comes from SOURCE_DATE_EPOCH (the
 	// Makefile passes the commit's date), not the clock.
 	im.Created = time.Unix(0, 0)
@@ -74,4 +85,20 @@ func run() error {
 		return err
 	}
 	return os.Rename(f.Name(), *out)
+}
+
+// checkStatic makes sure the binary is an ELF executable that needs no
+// loader: the image holds nothing else.
+func checkStatic(file string) error {
+	f, err := elf.Open(file)
+	if err != nil {
+		return fmt.Errorf("%s: want a static ELF binary: %w", file, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked: build it static (CGO_ENABLED=0)", file)
+		}
+	}
+	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/prereq"
 )
 
@@ -91,7 +91,9 @@ func New(t testing.TB, label string) *NS {
 	if len(name) > 40 {
 		name = name[:40]
 	}
-	run(t, "ip", "netns", "add", name)
+	if err := netns.Add(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		// Kill anything still inside, then remove the namespace.
 		killInside(name)
@@ -136,38 +138,13 @@ func Veth(t testing.TB, a *NS, aName, aAddr string, b *NS, bName, bAddr string) 
 
 // Do runs f on an OS thread that has joined the namespace. Sockets f
 // creates belong to the namespace for their whole life, wherever they are
-// used afterwards. The thread is discarded after f.
-func (n *NS) Do(f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the goroutine's exit ends the thread, so no
-		// other goroutine ever runs in the namespace by accident.
-		runtime.LockOSThread()
-		fd, err := unix.Open("/run/netns/"+n.Name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open netns %s: %w", n.Name, err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", n.Name, err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
-}
+// used afterwards.
+func (n *NS) Do(f func() error) error { return netns.Do(n.Name, f) }
 
 // DialContext dials from inside the namespace; use it as an
 // http.Transport's DialContext.
 func (n *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := n.Do(func() error {
-		var err error
-		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
+	return netns.Dialer(n.Name)(ctx, network, addr)
 }
 
 func run(t testing.TB, name string, args ...string) {
@@ -230,17 +207,19 @@ func (n *NS) Forward(t testing.TB, addr string) {
 	relay(t, l, func() (net.Conn, error) { return net.Dial("tcp", addr) })
 }
 
-// Expose is Forward the other way round: a TCP service inside the
-// namespace (addr, e.g. a webhook server on 127.0.0.1:9443 there) becomes
-// reachable on the host's loopback, at the address Expose returns, for
-// the API server to call. It stops when the test ends.
+// Expose is Forward the other way round: a TCP service reachable inside
+// the namespace (addr, e.g. a webhook server on 127.0.0.1:9443 there, or
+// an emulated node on the namespace's own network) becomes reachable on
+// the host's loopback, at the address Expose returns, for the API server
+// or the test to call. The connection is made from inside the namespace,
+// so it reaches only what the namespace reaches. It stops when the test
+// ends.
 func (n *NS) Expose(t testing.TB, addr string) string {
 	t.Helper()
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil || !net.ParseIP(host).IsLoopback() {
-		t.Fatalf("expose %s: only loopback addresses are exposed", addr)
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		t.Fatalf("expose %s: %v", addr, err)
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,11 @@ func TestOperatorImageWithRealTools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = Write(f, Image{Binary: bin, Path: "/cozy-operator", User: "65532:65532", Arch: "amd64", Tag: "0.1.0", Created: time.Unix(0, 0)})
+	err = Write(f, Image{
+		Ref: "0.1.0", Arch: "amd64", Created: time.Unix(0, 0),
+		Layers: []Layer{{Files: []File{{Path: "/cozy-operator", Mode: 0o755, Source: bin}}}},
+		Config: ocispec.ImageConfig{User: "65532:65532", Entrypoint: []string{"/cozy-operator"}},
+	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -57,6 +57,24 @@ func AssetsDir(t testing.TB) string {
 	return dir
 }
 
+// BuiltDir returns the directory a hack script built, from the
+// environment variable make sets to it (COZY_NODE_ASSETS from
+// hack/node-assets.sh, …), checking it holds files. When it is unset or
+// incomplete the test fails under CI=true and skips elsewhere.
+func BuiltDir(t testing.TB, env, script string, files ...string) string {
+	t.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		prereq.Missing(t, "%s is not set: run make test, or export %s=$(%s)", env, env, script)
+	}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			prereq.Missing(t, "%s=%s has no %s: rebuild with %s", env, dir, f, script)
+		}
+	}
+	return dir
+}
+
 // WriteKubeconfig writes an admin kubeconfig for the API server into the
 // test's temporary directory, for programs and CLI commands under test.
 func (e *Env) WriteKubeconfig(t testing.TB) string {
