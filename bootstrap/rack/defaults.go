@@ -50,6 +50,9 @@ func (r *Rack) setDefaults() {
 	if c.AllowSchedulingOnControlPlanes == nil {
 		c.AllowSchedulingOnControlPlanes = new(true)
 	}
+	if c.CNI == "" {
+		c.CNI = CNINone
+	}
 
 	t := &r.Talos
 	if t.Version == "" {

@@ -186,9 +186,13 @@ func checkShape(n *yaml.Node, t reflect.Type, path string, lines map[string]int,
 			fields[name] = f.Type
 			names = append(names, name)
 		}
+		first := map[string]int{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key, val := n.Content[i], n.Content[i+1]
 			p := join(path, key.Value)
+			if twice(first, key, p, ps) {
+				continue
+			}
 			ft, ok := fields[key.Value]
 			if !ok {
 				msg := "unknown field"
@@ -206,8 +210,12 @@ func checkShape(n *yaml.Node, t reflect.Type, path string, lines map[string]int,
 			bad("a mapping")
 			return
 		}
+		first := map[string]int{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			p := join(path, n.Content[i].Value)
+			if twice(first, n.Content[i], p, ps) {
+				continue
+			}
 			lines[p] = n.Content[i].Line
 			checkShape(n.Content[i+1], t.Elem(), p, lines, ps)
 		}
@@ -232,6 +240,18 @@ func checkShape(n *yaml.Node, t reflect.Type, path string, lines map[string]int,
 			bad("an integer")
 		}
 	}
+}
+
+// twice reports a mapping key given a second time (yaml.v3 would refuse
+// the file too, but without saying which field), recording first lines in
+// first.
+func twice(first map[string]int, key *yaml.Node, path string, ps *[]Problem) bool {
+	if line, ok := first[key.Value]; ok {
+		*ps = append(*ps, Problem{Path: path, Line: key.Line, Message: fmt.Sprintf("%q is given twice (first on line %d); keep one", key.Value, line)})
+		return true
+	}
+	first[key.Value] = key.Line
+	return false
 }
 
 func join(path, field string) string {

@@ -70,7 +70,18 @@ type Cluster struct {
 	// AllowSchedulingOnControlPlanes defaults to true: small racks need
 	// every node for workloads.
 	AllowSchedulingOnControlPlanes *bool `yaml:"allowSchedulingOnControlPlanes,omitempty" json:"allowSchedulingOnControlPlanes,omitempty"`
+	// CNI is the cluster's network until the platform brings its own:
+	// none (the default: the platform installs Kube-OVN and Cilium, which
+	// replaces kube-proxy) or flannel (Talos's own, with kube-proxy: the
+	// lab's, while the platform's cannot be built here).
+	CNI string `yaml:"cni,omitempty" json:"cni,omitempty"`
 }
+
+// The CNIs a rack can name in cluster.cni.
+const (
+	CNINone    = "none"
+	CNIFlannel = "flannel"
+)
 
 // Talos selects the Talos release and image.
 type Talos struct {
@@ -126,6 +137,13 @@ type RelayedPool struct {
 
 // Registries configures image pulls on every node.
 type Registries struct {
+	// Mirror is one registry (http(s)://HOST[:PORT]) that serves every
+	// image the rack needs, each under its upstream name:
+	// registry.k8s.io/pause:3.10.1 is HOST:PORT/registry.k8s.io/pause:3.10.1,
+	// as `cozyctl images mirror` pushes it. It becomes a Talos mirror for
+	// each registry host the rack pulls from (MirrorHosts), with the
+	// endpoint MIRROR/v2/HOST and overridePath.
+	Mirror string `yaml:"mirror,omitempty" json:"mirror,omitempty"`
 	// Mirrors maps a registry host (docker.io) to mirror endpoint URLs.
 	Mirrors map[string][]string `yaml:"mirrors,omitempty" json:"mirrors,omitempty"`
 }

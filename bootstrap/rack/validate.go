@@ -2,6 +2,7 @@ package rack
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
@@ -14,6 +15,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/types/v1alpha1"
+
+	"cozy.dev/cozy/internal/imageref"
 )
 
 // MinTalosVersion is the oldest Talos a rack may ask for: the first with
@@ -62,20 +65,7 @@ func (r *Rack) validate() []Problem {
 	ps = append(ps, r.validateNetwork()...)
 	ps = append(ps, r.validateMachines()...)
 
-	for host, eps := range r.Registries.Mirrors {
-		path := "registries.mirrors." + host
-		if host == "" || strings.ContainsAny(host, "/ ") {
-			add(errorf(path, "%q is not a registry host such as docker.io", host))
-		}
-		if len(eps) == 0 {
-			add(errorf(path, "needs at least one mirror endpoint URL"))
-		}
-		for i, ep := range eps {
-			if u, err := url.Parse(ep); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				add(errorf(fmt.Sprintf("%s[%d]", path, i), "%q is not an http(s) URL", ep))
-			}
-		}
-	}
+	ps = append(ps, r.validateRegistries()...)
 	for i, p := range r.Patches {
 		if !slices.Contains(targets, p.Target) {
 			add(errorf(fmt.Sprintf("patches[%d].target", i), "%q is not one of %s", p.Target, listOf(targets)))
@@ -102,6 +92,69 @@ func (r *Rack) validate() []Problem {
 		}
 	}
 	return ps
+}
+
+func (r *Rack) validateRegistries() []Problem {
+	var ps []Problem
+	reg := r.Registries
+	isHTTP := func(u *url.URL) bool {
+		return (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
+	}
+	if reg.Mirror != "" {
+		u, err := url.Parse(reg.Mirror)
+		if err != nil || !isHTTP(u) || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			ps = append(ps, errorf("registries.mirror", "%q is not a registry's base URL such as http://10.0.0.1:5000 (http or https, a host, no path: images are under /v2/<upstream host>/...)", reg.Mirror))
+		}
+	}
+	covered := map[string]bool{}
+	if reg.Mirror != "" {
+		for _, h := range r.MirrorHosts() {
+			covered[h] = true
+		}
+	}
+	hosts := slices.Sorted(maps.Keys(reg.Mirrors))
+	for _, host := range hosts {
+		eps := reg.Mirrors[host]
+		path := "registries.mirrors." + host
+		if u, err := url.Parse("//" + host); host != "*" && (host == "" || err != nil || u.Host != host || u.Hostname() == "") {
+			ps = append(ps, errorf(path, "%q is not a registry host such as docker.io or registry.local:5000", host))
+		}
+		if lower := strings.ToLower(host); lower != host {
+			// Hosts are case-insensitive, but Talos and containerd match
+			// them as written: Docker.io would never be used.
+			ps = append(ps, errorf(path, "write the registry host in lower case: %s", lower))
+		}
+		if covered[host] {
+			ps = append(ps, errorf(path, "%s is already mirrored by registries.mirror (%s); keep one of the two", host, reg.Mirror))
+		}
+		if len(eps) == 0 {
+			ps = append(ps, errorf(path, "needs at least one mirror endpoint URL"))
+		}
+		for i, ep := range eps {
+			if u, err := url.Parse(ep); err != nil || !isHTTP(u) {
+				ps = append(ps, errorf(fmt.Sprintf("%s[%d]", path, i), "%q is not an http(s) URL with a host", ep))
+			}
+		}
+	}
+	return ps
+}
+
+// MirrorHosts are the registry hosts registries.mirror stands in for:
+// those of imageref.MirrorHosts and the installer image's. (Talos config
+// generation adds the hosts of any other image the configs name.) Empty
+// without registries.mirror.
+func (r *Rack) MirrorHosts() []string {
+	if r.Registries.Mirror == "" {
+		return nil
+	}
+	hosts := slices.Clone(imageref.MirrorHosts)
+	if img, err := r.InstallImage(); err == nil {
+		if ref, err := imageref.Parse(img); err == nil {
+			hosts = append(hosts, ref.Host)
+		}
+	}
+	slices.Sort(hosts)
+	return slices.Compact(hosts)
 }
 
 func (r *Rack) validateVersions() []Problem {
@@ -199,6 +252,9 @@ func (r *Rack) validateCluster() []Problem {
 				ps = append(ps, errorf("network.subnet", "%s overlaps the cluster's pod or service subnet %s", n, q))
 			}
 		}
+	}
+	if c.CNI != CNINone && c.CNI != CNIFlannel {
+		ps = append(ps, errorf("cluster.cni", "%q: use %s (the platform brings Kube-OVN and Cilium) or %s (Talos's flannel, with kube-proxy)", c.CNI, CNINone, CNIFlannel))
 	}
 	if !strings.Contains(c.DNSDomain, ".") && !dnsLabel.MatchString(c.DNSDomain) || strings.HasSuffix(c.DNSDomain, ".") {
 		ps = append(ps, errorf("cluster.dnsDomain", "%q is not a DNS domain such as %s", c.DNSDomain, DefaultDNSDomain))

@@ -6,10 +6,16 @@
 //
 //  1. the machinery's defaults for the rack's cluster and Talos version;
 //  2. cozy-patch.yaml: what the platform needs on every node (kernel
-//     modules, sysctls, CRI and LVM files, no CNI, no kube-proxy);
+//     modules, sysctls, CRI and LVM files, no CNI, no kube-proxy), and
+//     Talos's flannel with kube-proxy back when the rack's cluster.cni
+//     says flannel;
 //  3. the machine's own settings from the rack: hostname, install disk and
 //     image, links, bonds, VLANs, the VIP, node-IP and etcd subnets;
-//  4. the rack's patches for the machine's role, then the machine's own.
+//  4. the rack's patches for the machine's role, then the machine's own;
+//  5. with registries.mirror, a RegistryMirrorConfig per registry host the
+//     node pulls from (the rack's MirrorHosts and the hosts of the images
+//     the config itself names), endpoint MIRROR/v2/HOST with overridePath:
+//     last, so that it also covers images the patches set.
 //
 // Every config is validated by the machinery for metal before it is
 // returned.
@@ -38,10 +44,22 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/internal/imageref"
 )
 
 //go:embed cozy-patch.yaml
 var cozyPatch []byte
+
+// flannelPatch undoes what cozy-patch.yaml turns off for the platform's
+// CNI when the rack asks for Talos's flannel instead (cluster.cni):
+// flannel, and kube-proxy, which nothing else replaces then.
+var flannelPatch = []byte(`cluster:
+  network:
+    cni:
+      name: flannel
+  proxy:
+    disabled: false
+`)
 
 // Generator builds configs for one rack with one secrets bundle.
 type Generator struct {
@@ -115,11 +133,20 @@ func (g *Generator) TalosEndpoints() []string {
 
 // MachineConfig returns the validated config of machine m, as YAML.
 func (g *Generator) MachineConfig(m *rack.Machine) ([]byte, error) {
+	cfg, err := g.Config(m)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+}
+
+// Config returns the validated config of machine m.
+func (g *Generator) Config(m *rack.Machine) (config.Provider, error) {
 	cfg, err := g.machineConfig(m)
 	if err != nil {
 		return nil, fmt.Errorf("config for %s: %w", m.Hostname, err)
 	}
-	return cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
+	return cfg, nil
 }
 
 func (g *Generator) machineConfig(m *rack.Machine) (config.Provider, error) {
@@ -139,7 +166,11 @@ func (g *Generator) machineConfig(m *rack.Machine) (config.Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	layers := [][]byte{cozyPatch, own}
+	layers := [][]byte{cozyPatch}
+	if g.Rack.Cluster.CNI == rack.CNIFlannel {
+		layers = append(layers, flannelPatch)
+	}
+	layers = append(layers, own)
 	for _, p := range g.Rack.Patches {
 		if p.Target == "all" || p.Target == m.Role {
 			layers = append(layers, p.Content())
@@ -158,10 +189,59 @@ func (g *Generator) machineConfig(m *rack.Machine) (config.Provider, error) {
 			return nil, fmt.Errorf("patch %d: %w", i, err)
 		}
 	}
+	if g.Rack.Registries.Mirror != "" {
+		l, err := mirrorPatch(g.Rack, cfg)
+		if err != nil {
+			return nil, err
+		}
+		p, err := configpatcher.LoadPatch(l)
+		if err != nil {
+			return nil, fmt.Errorf("registries.mirror: %w", err)
+		}
+		if cfg, err = applyPatch(cfg, p); err != nil {
+			return nil, fmt.Errorf("registries.mirror: %w", err)
+		}
+	}
 	if _, err := cfg.Validate(metal{}, validationOptions...); err != nil {
 		return nil, fmt.Errorf("the config is not valid for Talos: %w", err)
 	}
 	return cfg, nil
+}
+
+// mirrorPatch is layer 5: registries.mirror as one RegistryMirrorConfig
+// document per registry host. generate.WithRegistryMirror cannot set
+// overridePath, which the mirror's naming needs (the path already holds
+// /v2/HOST), so the documents come as a patch.
+func mirrorPatch(r *rack.Rack, cfg config.Config) ([]byte, error) {
+	hosts := r.MirrorHosts()
+	for _, img := range Images(cfg) {
+		ref, err := imageref.Parse(img.Ref)
+		if err != nil {
+			return nil, fmt.Errorf("registries.mirror: the %s image: %w", img.Component, err)
+		}
+		if !slices.Contains(hosts, ref.Host) {
+			if _, ok := r.Registries.Mirrors[ref.Host]; ok {
+				return nil, fmt.Errorf("registries.mirror covers %s (the %s image %s) and registries.mirrors names it too: keep one of the two", ref.Host, img.Component, img.Ref)
+			}
+			hosts = append(hosts, ref.Host)
+		}
+	}
+	slices.Sort(hosts)
+	var out []byte
+	for i, h := range hosts {
+		d, err := yaml.Marshal(doc("RegistryMirrorConfig", map[string]any{
+			"name":      h,
+			"endpoints": []map[string]any{{"url": imageref.MirrorEndpoint(r.Registries.Mirror, h), "overridePath": true}},
+		}))
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			out = append(out, "---\n"...)
+		}
+		out = append(out, d...)
+	}
+	return out, nil
 }
 
 // applyPatch applies one patch. Talos applies JSON 6902 patches only to

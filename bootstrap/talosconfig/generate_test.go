@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 
 	"cozy.dev/cozy/bootstrap/rack"
 )
@@ -43,7 +45,7 @@ func testSecrets(t *testing.T) *secrets.Bundle {
 // config, with secrets redacted, to testdata/golden/<rack>/<host>.yaml.
 func TestGolden(t *testing.T) {
 	b := testSecrets(t)
-	for _, name := range []string{"single", "ha", "workers"} {
+	for _, name := range []string{"single", "ha", "workers", "mirror"} {
 		t.Run(name, func(t *testing.T) {
 			r, err := rack.Load(filepath.Join("testdata/racks", name+".yaml"))
 			if err != nil {
@@ -283,4 +285,152 @@ func mustRead(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// registries.mirror makes every registry a node pulls from, including
+// hosts only a patch names, a mirror at MIRROR/v2/HOST with overridePath,
+// and the machinery (strict) accepts an endpoint with a path.
+func TestRegistryMirror(t *testing.T) {
+	base := mustRead(t, "testdata/racks/mirror.yaml")
+	etcdPatch := "patches:\n  - target: controlplane\n    patch:\n      cluster:\n        etcd:\n          image: registry.example.com/etcd:v3.6.10\nmachines:"
+	tests := []struct {
+		name      string
+		rack      string
+		wantHosts []string
+		wantErr   string
+	}{
+		{
+			name:      "default hosts and the installer's",
+			rack:      base,
+			wantHosts: []string{"docker.io", "factory.talos.dev", "ghcr.io", "quay.io", "registry.k8s.io"},
+		},
+		{
+			name:      "a host only a patch names",
+			rack:      strings.Replace(base, "machines:", etcdPatch, 1),
+			wantHosts: []string{"docker.io", "factory.talos.dev", "ghcr.io", "quay.io", "registry.example.com", "registry.k8s.io"},
+		},
+		{
+			name:    "that host in mirrors too",
+			rack:    strings.Replace(strings.Replace(base, "machines:", etcdPatch, 1), "  mirror: http://192.168.60.1:5000\n", "  mirror: http://192.168.60.1:5000\n  mirrors:\n    registry.example.com: [https://other.example]\n", 1),
+			wantErr: "registries.mirror covers registry.example.com (the etcd image registry.example.com/etcd:v3.6.10) and registries.mirrors names it too",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := rack.Parse([]byte(tt.rack), "mirror.yaml", "testdata/racks")
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := &Generator{Rack: r, Secrets: testSecrets(t)}
+			cfg, err := g.Config(&r.Machines[0])
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Config = %v, want an error with %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			mirrors := cfg.RegistryMirrorConfigs()
+			var hosts []string
+			for h, m := range mirrors {
+				hosts = append(hosts, h)
+				eps := m.Endpoints()
+				if len(eps) != 1 || eps[0].Endpoint() != "http://192.168.60.1:5000/v2/"+h || !eps[0].OverridePath() {
+					t.Errorf("mirror of %s: %+v, want http://192.168.60.1:5000/v2/%s with overridePath", h, eps, h)
+				}
+			}
+			slices.Sort(hosts)
+			if !slices.Equal(hosts, tt.wantHosts) {
+				t.Errorf("mirrored hosts %v, want %v", hosts, tt.wantHosts)
+			}
+			for _, img := range Images(cfg) {
+				host, _, _ := strings.Cut(img.Ref, "/")
+				if _, ok := mirrors[host]; !ok {
+					t.Errorf("the %s image %s comes from %s, which has no mirror", img.Component, img.Ref, host)
+				}
+			}
+		})
+	}
+}
+
+// Images reads what Talos starts from the config: control-plane
+// components only on control planes, CoreDNS and kube-proxy only when
+// enabled, Flannel only as the CNI.
+func TestImages(t *testing.T) {
+	r, err := rack.Load("testdata/racks/workers.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Generator{Rack: r, Secrets: testSecrets(t)}
+	components := func(m *rack.Machine, patches ...string) []string {
+		t.Helper()
+		mm := *m
+		for _, p := range patches {
+			mm.Patches = append(slices.Clone(mm.Patches), mustPatch(t, p))
+		}
+		cfg, err := g.Config(&mm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, img := range Images(cfg) {
+			out = append(out, img.Component+"="+img.Ref)
+		}
+		return out
+	}
+	k8s := r.Cluster.KubernetesVersion
+	installer, _ := r.InstallImage()
+	common := []string{
+		"kubelet=ghcr.io/siderolabs/kubelet:v" + k8s,
+		"pause (pod sandbox)=registry.k8s.io/pause:3.10.1",
+		"installer=" + installer,
+	}
+	cp := append(slices.Clone(common),
+		"etcd=registry.k8s.io/etcd:"+constants.DefaultEtcdVersion,
+		"kube-apiserver=registry.k8s.io/kube-apiserver:v"+k8s,
+		"kube-controller-manager=registry.k8s.io/kube-controller-manager:v"+k8s,
+		"kube-scheduler=registry.k8s.io/kube-scheduler:v"+k8s,
+		"coredns=registry.k8s.io/coredns/coredns:"+constants.DefaultCoreDNSVersion,
+	)
+	flannel := "flannel=ghcr.io/siderolabs/flannel:" + constants.FlannelVersion
+	tests := []struct {
+		name    string
+		machine int
+		patches []string
+		want    []string
+	}{
+		{"worker", 1, nil, common},
+		{"control plane: no CNI, no kube-proxy (cozy-patch.yaml)", 0, nil, cp},
+		{"flannel and kube-proxy enabled", 0, []string{"cluster:\n  network:\n    cni:\n      name: flannel\n  proxy:\n    disabled: false\n"},
+			append(slices.Clone(cp), "kube-proxy=registry.k8s.io/kube-proxy:v"+k8s, flannel)},
+		{"coredns disabled", 0, []string{"cluster:\n  coreDNS:\n    disabled: true\n"}, cp[:len(cp)-1]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := components(&r.Machines[tt.machine], tt.patches...); !slices.Equal(got, tt.want) {
+				t.Errorf("images\n  %v\nwant\n  %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func mustPatch(t *testing.T, text string) rack.Patch {
+	t.Helper()
+	r, err := rack.Parse([]byte(strings.Replace(mustRead(t, "testdata/racks/single.yaml"), "machines:", "patches:\n  - patch:\n"+indent(text, "      ")+"machines:", 1)), "p.yaml", "testdata/racks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Patches[0]
+}
+
+func indent(s, prefix string) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(s, "\n") {
+		if l != "" {
+			b.WriteString(prefix + l)
+		}
+	}
+	return b.String()
 }

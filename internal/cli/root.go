@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -83,6 +84,8 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newPlatformCommand(g))
 	root.AddCommand(newLabCommand(g))
 	root.AddCommand(newTenantCommand(g))
+	root.AddCommand(newImagesCommand(g))
+	root.AddCommand(newRegistryCommand(g))
 	return root, g
 }
 
@@ -92,11 +95,21 @@ func Execute(args []string, stdout, stderr io.Writer) int {
 	root := NewRootCommand(stdout, stderr)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
+		var code exitCode
+		if errors.As(err, &code) {
+			return int(code)
+		}
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return 1
 	}
 	return 0
 }
+
+// exitCode is the status of a program a command ran for the user (lab
+// kubectl), passed on as cozyctl's own: that program said what failed.
+type exitCode int
+
+func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
 func fixedCompletion(values ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 	return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

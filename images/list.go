@@ -1,0 +1,416 @@
+// Package images lists the container images a rack needs and copies them
+// into a registry (the rack's registries.mirror), for racks that cannot
+// reach the upstream registries and for the lab.
+//
+// The list is read from what Cozy renders, never kept by hand: the rack's
+// Talos machine configs (generated in memory with throwaway secrets, since
+// only image names matter), the platform layout `cozyctl platform render`
+// writes, the charts Cozy ships (rendered with the values the platform and
+// the operator give them) and the add-ons cozy-operator creates for a
+// tenant. Images that only upstream content names (a chart fetched from a
+// Helm repository, a release manifest, what the Cluster API operator
+// downloads) cannot be read without fetching it; List reports each such
+// source in NotListed instead of guessing.
+package images
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"helm.sh/helm/v3/pkg/chartutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/talosconfig"
+	"cozy.dev/cozy/charts"
+	"cozy.dev/cozy/internal/imageref"
+	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/operators/tenantcluster"
+	"cozy.dev/cozy/platform/flux"
+	"cozy.dev/cozy/platform/render"
+)
+
+// Image is one image the rack needs and what needs it.
+type Image struct {
+	// Ref is the canonical reference (imageref): registry host always
+	// given, docker.io's library/ spelt out.
+	Ref string `json:"image"`
+	// NeededBy says who runs it: "talos: kubelet", "cozy-operator",
+	// "tenant add-on: kubevirt-ccm (kubevirt-cloud-controller-manager)".
+	NeededBy []string `json:"neededBy"`
+}
+
+// List is what a rack needs.
+type List struct {
+	// Images, sorted by reference, each once.
+	Images []Image `json:"images"`
+	// NotListed names upstream content whose images are not in Images:
+	// "platform cert-manager: chart cert-manager 1.21.2 (HelmRepository
+	// cozy-cert-manager/jetstack)".
+	NotListed []string `json:"notListed,omitempty"`
+}
+
+// Refs are the images' references, in order.
+func (l *List) Refs() []string {
+	out := make([]string, len(l.Images))
+	for i, img := range l.Images {
+		out[i] = img.Ref
+	}
+	return out
+}
+
+// ForRack lists the images rack r needs.
+func ForRack(r *rack.Rack) (*List, error) {
+	b := builder{needs: map[string][]string{}}
+	if err := b.talos(r); err != nil {
+		return nil, err
+	}
+	if err := b.platform(r); err != nil {
+		return nil, err
+	}
+	return b.list()
+}
+
+type builder struct {
+	needs     map[string][]string // canonical ref -> needed by
+	notListed []string
+	err       error
+}
+
+func (b *builder) add(ref, neededBy string) {
+	r, err := imageref.Parse(ref)
+	if err != nil {
+		if b.err == nil {
+			b.err = fmt.Errorf("%s: %w", neededBy, err)
+		}
+		return
+	}
+	s := r.String()
+	if !slices.Contains(b.needs[s], neededBy) {
+		b.needs[s] = append(b.needs[s], neededBy)
+	}
+}
+
+func (b *builder) list() (*List, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
+	l := &List{}
+	for _, ref := range slices.Sorted(maps.Keys(b.needs)) {
+		needs := b.needs[ref]
+		slices.Sort(needs)
+		l.Images = append(l.Images, Image{Ref: ref, NeededBy: needs})
+	}
+	slices.Sort(b.notListed)
+	l.NotListed = slices.Compact(b.notListed)
+	return l, nil
+}
+
+// talos adds what Talos starts on each machine, from its generated
+// config. The secrets are made for this call and dropped: image names do
+// not depend on them.
+func (b *builder) talos(r *rack.Rack) error {
+	contract, err := talosconfig.Contract(r)
+	if err != nil {
+		return err
+	}
+	s, err := secrets.NewBundle(secrets.NewClock(), contract)
+	if err != nil {
+		return fmt.Errorf("throwaway secrets: %w", err)
+	}
+	g := &talosconfig.Generator{Rack: r, Secrets: s}
+	for i := range r.Machines {
+		cfg, err := g.Config(&r.Machines[i])
+		if err != nil {
+			return err
+		}
+		for _, img := range talosconfig.Images(cfg) {
+			b.add(img.Ref, "talos: "+img.Component)
+		}
+	}
+	return nil
+}
+
+// platform adds the images of the rendered platform layout.
+func (b *builder) platform(r *rack.Rack) error {
+	values, err := render.Values(r)
+	if err != nil {
+		return err
+	}
+	l, err := render.RenderValues(values, r.Cluster.KubernetesVersion)
+	if err != nil {
+		return err
+	}
+	// The Git source of Cozy's charts: the rack's values over the
+	// platform chart's defaults, as the layout was rendered with.
+	pc, err := render.LoadChart(charts.Platform)
+	if err != nil {
+		return err
+	}
+	all, err := chartutil.CoalesceValues(pc, values)
+	if err != nil {
+		return err
+	}
+	own := ownCharts{}
+	own.name, _, _ = unstructured.NestedString(all, "git", "sourceRef", "name")
+	own.namespace, _, _ = unstructured.NestedString(all, "git", "sourceRef", "namespace")
+
+	for _, p := range l.Paths() {
+		if path.Base(p) != "kustomization.yaml" || !strings.HasPrefix(p, l.ClusterDir+"/") {
+			continue
+		}
+		var k struct {
+			Resources []string `json:"resources"`
+		}
+		if err := yaml.Unmarshal(l.Files[p], &k); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		component := path.Base(path.Dir(p))
+		for _, res := range k.Resources {
+			if strings.HasPrefix(res, "https://") || strings.HasPrefix(res, "http://") {
+				b.notListed = append(b.notListed, fmt.Sprintf("platform %s: %s", component, res))
+			}
+		}
+	}
+
+	objs, err := l.Objects()
+	if err != nil {
+		return err
+	}
+	sources := map[string]string{} // "Kind namespace/name" -> where it reads
+	for _, o := range objs {
+		url, _, _ := unstructured.NestedString(o.Object, "spec", "url")
+		if url == "" || !strings.HasPrefix(o.GetAPIVersion(), "source.toolkit.fluxcd.io/") {
+			continue
+		}
+		if ref, ok, _ := unstructured.NestedStringMap(o.Object, "spec", "ref"); ok {
+			for _, k := range []string{"tag", "semver", "branch", "commit"} {
+				if ref[k] != "" {
+					url += " " + k + " " + ref[k]
+					break
+				}
+			}
+		}
+		sources[o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName()] = url
+	}
+	operator := false
+	for _, o := range objs {
+		component := o.GetLabels()["cozy.dev/component"]
+		switch {
+		case o.GetKind() == "HelmRelease":
+			chart, ok, err := own.chart(o.Unstructured)
+			if err != nil {
+				return fmt.Errorf("%s: %w", o.File, err)
+			}
+			if !ok {
+				b.notListed = append(b.notListed, "platform "+component+": "+upstreamChart(o.Unstructured, sources))
+				continue
+			}
+			// Images of Cozy's own charts are named after the chart:
+			// "cozy-operator".
+			if err := b.renderChart(chart, o.Unstructured, func(string) string { return chart }); err != nil {
+				return fmt.Errorf("%s: %w", o.File, err)
+			}
+			operator = operator || chart == charts.CozyOperator
+		case strings.HasPrefix(o.GetAPIVersion(), "operator.cluster.x-k8s.io/"):
+			// The Cluster API operator downloads each provider's
+			// components (and their images) when it installs it.
+			version, _, _ := unstructured.NestedString(o.Object, "spec", "version")
+			b.notListed = append(b.notListed, fmt.Sprintf("platform %s: %s %s %s (the Cluster API operator fetches its components)", component, o.GetKind(), o.GetName(), version))
+		default:
+			for _, c := range containers(o.Object) {
+				b.add(c.image, fmt.Sprintf("platform: %s (%s)", component, c.name))
+			}
+		}
+	}
+	// Flux itself, which `platform install` applies from its release.
+	b.notListed = append(b.notListed, "flux: "+flux.ReleaseURL(flux.Version)+" (cozyctl platform install)")
+	if operator {
+		return b.tenantAddons(own, sources)
+	}
+	return nil
+}
+
+// tenantAddons adds the images of the add-ons cozy-operator creates for
+// each tenant, with the images the operator defaults to (the platform
+// does not override them): rendered for a sample tenant with every
+// add-on on.
+func (b *builder) tenantAddons(own ownCharts, sources map[string]string) error {
+	tc := &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "sample", Namespace: "tenant-sample"},
+		Spec: v1.TenantClusterSpec{
+			Version:      "v1.37.2",
+			Network:      v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16"},
+			StorageClass: "replicated",
+			NodeGroups:   []v1.NodeGroup{{Name: "workers", MinReplicas: ptr.To[int32](1), MaxReplicas: ptr.To[int32](3)}},
+		},
+	}
+	cfg := tenantcluster.DefaultAddonConfig()
+	objs, err := tenantcluster.DesiredAddons(tc, cfg, "sample.tenant.example", 6443)
+	if err != nil {
+		return fmt.Errorf("tenant add-ons: %w", err)
+	}
+	if len(objs) == 0 {
+		return fmt.Errorf("tenant add-ons: a tenant with every add-on on gets no objects")
+	}
+	for _, o := range objs {
+		addon := o.GetLabels()[tenantcluster.LabelAddon]
+		if o.GetKind() == "HelmRelease" {
+			chart, ok, err := own.chart(o)
+			if err != nil {
+				return fmt.Errorf("tenant add-on %s: %w", addon, err)
+			}
+			if !ok {
+				b.notListed = append(b.notListed, "tenant add-on "+addon+": "+upstreamChart(o, sources))
+				continue
+			}
+			err = b.renderChart(chart, o, func(container string) string {
+				return fmt.Sprintf("tenant add-on: %s (%s)", addon, container)
+			})
+			if err != nil {
+				return fmt.Errorf("tenant add-on %s: %w", addon, err)
+			}
+			continue
+		}
+		for _, c := range containers(o.Object) {
+			b.add(c.image, fmt.Sprintf("tenant add-on: %s (%s)", addon, c.name))
+		}
+	}
+	return nil
+}
+
+// ownCharts recognises HelmReleases of Cozy's charts: from the platform's
+// own Git source, under ./charts/ (where `platform render` puts them).
+type ownCharts struct{ name, namespace string }
+
+// chart is the Cozy chart hr installs, and whether it is one.
+func (c ownCharts) chart(hr *unstructured.Unstructured) (string, bool, error) {
+	spec, ok, _ := unstructured.NestedMap(hr.Object, "spec", "chart", "spec")
+	if !ok {
+		return "", false, nil // spec.chartRef: an OCIRepository or HelmChart
+	}
+	kind, _, _ := unstructured.NestedString(spec, "sourceRef", "kind")
+	name, _, _ := unstructured.NestedString(spec, "sourceRef", "name")
+	ns, _, _ := unstructured.NestedString(spec, "sourceRef", "namespace")
+	chart, _, _ := unstructured.NestedString(spec, "chart")
+	if ns == "" {
+		ns = hr.GetNamespace()
+	}
+	if kind != "GitRepository" || name != c.name || ns != c.namespace {
+		return "", false, nil
+	}
+	dir, ok := strings.CutPrefix(path.Clean(chart), "charts/")
+	if !ok || !slices.Contains(charts.InRepository, dir) {
+		return "", false, fmt.Errorf("chart %s from the platform's repository is not one of Cozy's charts (%s)", chart, strings.Join(charts.InRepository, ", "))
+	}
+	return dir, true, nil
+}
+
+// renderChart renders Cozy's chart name with hr's values, as Flux would
+// install it, and adds the images of its pods.
+func (b *builder) renderChart(name string, hr *unstructured.Unstructured, neededBy func(container string) string) error {
+	values := map[string]any{}
+	if v, ok, _ := unstructured.NestedFieldNoCopy(hr.Object, "spec", "values"); ok {
+		// Values built in Go (the operator's) hold typed maps; a JSON
+		// round trip gives Helm the plain form a cluster would.
+		data, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(data, &values); err != nil {
+			return err
+		}
+	}
+	c, err := render.LoadChart(name)
+	if err != nil {
+		return err
+	}
+	ns, _, _ := unstructured.NestedString(hr.Object, "spec", "targetNamespace")
+	release, _, _ := unstructured.NestedString(hr.Object, "spec", "releaseName")
+	files, err := render.Chart(c, values, cmp.Or(release, hr.GetName()), cmp.Or(ns, hr.GetNamespace()), "")
+	if err != nil {
+		return err
+	}
+	for _, f := range slices.Sorted(maps.Keys(files)) {
+		objs, err := render.Decode([]byte(files[f]))
+		if err != nil {
+			return fmt.Errorf("chart %s, %s: %w", name, f, err)
+		}
+		for _, o := range objs {
+			for _, ct := range containers(o.Object) {
+				b.add(ct.image, neededBy(ct.name))
+			}
+		}
+	}
+	return nil
+}
+
+// upstreamChart describes the chart an upstream HelmRelease installs and
+// where its source reads it from (sources: see platform).
+func upstreamChart(hr *unstructured.Unstructured, sources map[string]string) string {
+	from := func(ref map[string]any) string {
+		kind, _ := ref["kind"].(string)
+		name, _ := ref["name"].(string)
+		ns, _ := ref["namespace"].(string)
+		if url, ok := sources[kind+" "+cmp.Or(ns, hr.GetNamespace())+"/"+name]; ok {
+			return url
+		}
+		return kind + " " + name
+	}
+	if ref, ok, _ := unstructured.NestedMap(hr.Object, "spec", "chartRef"); ok {
+		return "chart " + from(ref)
+	}
+	chart, _, _ := unstructured.NestedString(hr.Object, "spec", "chart", "spec", "chart")
+	version, _, _ := unstructured.NestedString(hr.Object, "spec", "chart", "spec", "version")
+	ref, _, _ := unstructured.NestedMap(hr.Object, "spec", "chart", "spec", "sourceRef")
+	s := "chart " + path.Clean(chart)
+	if version != "" {
+		s += " " + version
+	}
+	return s + " from " + from(ref)
+}
+
+type container struct{ name, image string }
+
+// containers finds the containers of every pod spec in an object (a Pod,
+// a workload's template, a CronJob's job template) by their place in it:
+// the lists named containers and initContainers.
+func containers(obj any) []container {
+	var out []container
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				if k == "containers" || k == "initContainers" {
+					if list, ok := v[k].([]any); ok {
+						for _, c := range list {
+							if m, ok := c.(map[string]any); ok {
+								if img, ok := m["image"].(string); ok {
+									name, _ := m["name"].(string)
+									out = append(out, container{name, img})
+								}
+							}
+						}
+					}
+				}
+				walk(v[k])
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(obj)
+	return out
+}

@@ -1,0 +1,241 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/internal/output"
+)
+
+func newImagesCommand(g *Globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "images",
+		Short: "List the container images a rack needs and copy them into a registry",
+		Long: `List the container images a rack needs and copy them into one registry, the
+rack's registries.mirror, for racks that cannot reach the upstream registries
+(and for the lab). In the registry every image keeps its upstream name under
+its upstream host: registry.k8s.io/pause:3.10.1 is
+REGISTRY/registry.k8s.io/pause:3.10.1 (docs/images.md).`,
+	}
+	cmd.AddCommand(newImagesListCommand(g), newImagesMirrorCommand(g))
+	return cmd
+}
+
+const notListedHelp = `Not listed yet: images that only upstream content names, since it cannot be
+fetched here to be read: the charts the platform installs from Helm, OCI and
+Git repositories (Cilium, Kube-OVN, cert-manager, MetalLB, Piraeus/LINSTOR,
+Kamaji, the Cluster API operator), the KubeVirt and CDI release manifests,
+the providers the Cluster API operator downloads, the tenants' Cilium and
+metrics-server charts, and Flux's own release manifest. Each is named in a warning on stderr. Nor are
+the images that depend on a tenant's Kubernetes version: its control plane
+(run by Kamaji) and its workers' disk image (imported by CDI).`
+
+// loadRackOrExample loads --rack, or without it the example rack of
+// `cozyctl rack init`, saying so on stderr.
+func loadRackOrExample(g *Globals, file string) (*rack.Rack, error) {
+	if file != "" {
+		return rack.Load(file)
+	}
+	data, err := rack.Example("lab")
+	if err != nil {
+		return nil, err
+	}
+	r, err := rack.Parse(data, "example rack", ".")
+	if err != nil {
+		return nil, err
+	}
+	g.Logger().Warn("no --rack: using the example rack of `cozyctl rack init`", "talos", r.Talos.Version, "kubernetes", r.Cluster.KubernetesVersion)
+	return r, nil
+}
+
+func newImagesListCommand(g *Globals) *cobra.Command {
+	var rackFile string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "Print every image the rack needs, one reference per line",
+		Long: `Print every container image the rack needs, read from what Cozy renders for
+it, never from a hand-kept list:
+
+  - what Talos runs, from the rack's machine configs (generated in memory,
+    with throwaway secrets; nothing is written): kubelet, the pod sandbox
+    (pause), the installer, and on control planes etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler, CoreDNS and kube-proxy unless
+    disabled, Flannel only when it is the CNI;
+  - cozy-operator, from its chart as the platform installs it;
+  - the add-ons cozy-operator runs for each tenant, at the images it
+    defaults to (cluster-autoscaler, KubeVirt CCM, the KubeVirt CSI driver
+    and its sidecars, the CSI node chart's images);
+  - images the platform chart sets itself.
+
+References are canonical (registry host always given, docker.io/library/
+spelt out), sorted, each once. The table is one reference per line, for
+scripts; -o json is a list of {image, neededBy}: each image with what
+needs it ("talos: kubelet", "cozy-operator", "tenant add-on: ...").
+
+Without --rack the example rack of 'cozyctl rack init' is used (a warning
+says so): its Talos and Kubernetes versions are the defaults.
+
+` + notListedHelp,
+		Example: `  cozyctl images list --rack rack.yaml
+  cozyctl images list --rack rack.yaml -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := loadRackOrExample(g, rackFile)
+			if err != nil {
+				return err
+			}
+			l, err := images.ForRack(r)
+			if err != nil {
+				return err
+			}
+			for _, n := range l.NotListed {
+				g.Logger().Warn("images not listed: upstream content", "source", n)
+			}
+			if g.Output == output.Table {
+				_, err := fmt.Fprintln(g.stdout, strings.Join(l.Refs(), "\n"))
+				return err
+			}
+			return g.Print(l.Images)
+		},
+	}
+	cmd.Flags().StringVar(&rackFile, "rack", "", "the rack file (default: the example rack of `cozyctl rack init`)")
+	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
+	return cmd
+}
+
+// mirrorTable is what `images mirror` prints.
+type mirrorTable []images.Result
+
+func (t mirrorTable) Header() []string { return []string{"IMAGE", "IN THE REGISTRY", "STATUS"} }
+
+func (t mirrorTable) Rows() [][]string {
+	rows := make([][]string, len(t))
+	for i, r := range t {
+		rows[i] = []string{r.Image, dash(r.Target), r.Status}
+	}
+	return rows
+}
+
+var _ output.Tabular = mirrorTable{}
+
+func newImagesMirrorCommand(g *Globals) *cobra.Command {
+	var (
+		rackFile, to, from string
+		fromUpstream       bool
+		insecure           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mirror --to REGISTRY (--from DIR | --from-upstream)",
+		Short: "Copy every image the rack needs into a registry",
+		Long: `Copy every image 'cozyctl images list' gives for the rack into REGISTRY
+(HOST[:PORT]), each under its upstream host:
+
+  registry.k8s.io/pause:3.10.1  ->  REGISTRY/registry.k8s.io/pause:3.10.1
+  docker.io/library/alpine:3    ->  REGISTRY/docker.io/library/alpine:3
+
+which is what the rack's registries.mirror (http(s)://REGISTRY) makes every
+node pull from. The images come from an OCI image layout directory (--from:
+index.json names each image by its full upstream reference in the
+org.opencontainers.image.ref.name or io.containerd.image.name annotation)
+or from their upstream registries (--from-upstream, over HTTPS). With --from
+and no --rack, every image of the layout is copied (a bundle such as the
+lab's, from hack/lab-images.sh); --from-upstream without --rack copies what
+the example rack of 'cozyctl rack init' lists.
+
+An image the registry already has (same manifest digest under that name)
+is skipped, and so are layers it has: a second run copies only what is
+missing and says so. Every image is tried; a missing image or a refused
+push fails the command at the end, naming each image and the registry's
+answer. Progress goes to stderr, the result table to stdout.
+
+The registry is reached over HTTPS; --insecure allows plain HTTP (the lab's
+registry, 'cozyctl registry serve').`,
+		Example: `  cozyctl images mirror --rack rack.yaml --from ./images --to 10.0.0.1:5000 --insecure
+  cozyctl images mirror --rack rack.yaml --from-upstream --to registry.example.com`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case (from == "") == !fromUpstream:
+				return errors.New("give one source: --from DIR (an OCI image layout) or --from-upstream")
+			case strings.Contains(to, "://"):
+				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
+			}
+			var src images.Source = &images.Upstream{}
+			var refs []string
+			if from != "" {
+				l, err := images.OpenLayout(from)
+				if err != nil {
+					return err
+				}
+				src = l
+				if rackFile == "" {
+					// A bundle without a rack: all of it.
+					refs = l.Refs()
+				}
+			}
+			if refs == nil {
+				r, err := loadRackOrExample(g, rackFile)
+				if err != nil {
+					return err
+				}
+				l, err := images.ForRack(r)
+				if err != nil {
+					return err
+				}
+				for _, n := range l.NotListed {
+					g.Logger().Warn("images not listed, so not mirrored: upstream content", "source", n)
+				}
+				refs = l.Refs()
+			}
+			log := g.Logger()
+			log.Info("mirroring", "images", len(refs), "from", src.String(), "to", to)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			results, err := images.Mirror(ctx, images.MirrorOptions{
+				Registry: to,
+				Insecure: insecure,
+				Source:   src,
+				Refs:     refs,
+				Progress: func(r images.Result) {
+					switch r.Status {
+					case images.StatusCopying:
+						log.Info("copying", "image", r.Image, "to", r.Target)
+					case images.StatusCopied:
+						log.Info("copied", "image", r.Image, "digest", r.Digest)
+					case images.StatusPresent:
+						log.Info("already in the registry", "image", r.Image, "digest", r.Digest)
+					case images.StatusFailed:
+						log.Error("failed", "image", r.Image, "error", r.Error)
+					}
+				},
+			})
+			counts := map[string]int{}
+			for _, r := range results {
+				counts[r.Status]++
+			}
+			log.Info("mirror done", "copied", counts[images.StatusCopied], "alreadyThere", counts[images.StatusPresent], "failed", counts[images.StatusFailed], "registry", to)
+			if perr := g.Print(mirrorTable(results)); perr != nil {
+				return perr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&to, "to", "", "the registry to copy into, HOST[:PORT] (required)")
+	f.StringVar(&from, "from", "", "an OCI image layout directory holding the images")
+	f.BoolVar(&fromUpstream, "from-upstream", false, "pull the images from their upstream registries")
+	f.StringVar(&rackFile, "rack", "", "copy only the images this rack needs (default: with --from, every image of the layout; with --from-upstream, the example rack's)")
+	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
+	_ = cmd.MarkFlagRequired("to")
+	_ = cmd.MarkFlagDirname("from")
+	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
+	return cmd
+}

@@ -1,0 +1,267 @@
+package cli
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
+)
+
+// registryProc is one run of `cozyctl registry serve` as its own process.
+type registryProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	stderr *syncbuf.Buffer
+	exited chan error
+	done   bool
+}
+
+var servingAddr = regexp.MustCompile(`msg="registry serving" addr=(127\.0\.0\.1:\d+)`)
+
+// serveRegistry starts `cozyctl registry serve` on a random loopback port
+// storing under dir, and waits until it answers.
+func serveRegistry(t *testing.T, dir string) *registryProc {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &registryProc{stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
+	p.cmd = exec.Command(self, "registry", "serve", "--listen", "127.0.0.1:0", "--dir", dir)
+	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() { p.stop(t) })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := servingAddr.FindStringSubmatch(p.stderr.String()); m != nil {
+			p.addr = m[1]
+			if resp, err := http.Get("http://" + p.addr + "/v2/"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return p
+				}
+			}
+		}
+		select {
+		case err := <-p.exited:
+			t.Fatalf("registry serve exited: %v\n%s", err, p.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registry serve not answering after 30s\n%s", p.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM and requires a clean exit that says so.
+func (p *registryProc) stop(t *testing.T) {
+	t.Helper()
+	if p.done {
+		return
+	}
+	p.done = true
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		if err != nil || !strings.Contains(p.stderr.String(), "registry stopped") {
+			t.Errorf("registry serve did not stop cleanly on SIGTERM: %v\n%s", err, p.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		t.Errorf("registry serve ignored SIGTERM for 20s\n%s", p.stderr)
+	}
+}
+
+// exampleRackFile writes `cozyctl rack init`'s rack into dir.
+func exampleRackFile(t *testing.T, dir string) string {
+	t.Helper()
+	ex, _, code := run("rack", "init")
+	if code != 0 {
+		t.Fatal("rack init failed")
+	}
+	f := filepath.Join(dir, "rack.yaml")
+	if err := os.WriteFile(f, []byte(ex), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestImagesList(t *testing.T) {
+	rackFile := exampleRackFile(t, t.TempDir())
+	out, stderr, code := run("images", "list", "--rack", rackFile, "-o", "json")
+	var list []images.Image
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) < 10 {
+		t.Fatalf("images list -o json: exit %d, %s\n%s", code, out, stderr)
+	}
+	var refs []string
+	for _, img := range list {
+		refs = append(refs, img.Ref)
+		if len(img.NeededBy) == 0 {
+			t.Errorf("%s: needed by nobody", img.Ref)
+		}
+	}
+	table, stderr, code := run("images", "list")
+	if code != 0 || table != strings.Join(refs, "\n")+"\n" {
+		t.Errorf("images list (table, no --rack): exit %d, one reference per line expected:\n%s\nwant the references of -o json:\n%s", code, table, strings.Join(refs, "\n"))
+	}
+	for _, want := range []string{"no --rack: using the example rack", `source="tenant add-on cilium: chart cilium`} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+}
+
+// images mirror from an OCI layout into `cozyctl registry serve`: every
+// image pulls back with its digest; a second run copies nothing; the
+// registry keeps them across a restart; plain HTTP needs --insecure.
+func TestImagesMirrorIntoRegistryServe(t *testing.T) {
+	skopeo, err := exec.LookPath("skopeo")
+	if err != nil {
+		prereq.Missing(t, "skopeo is not installed: run hack/install-deps.sh (Debian package skopeo)")
+	}
+	dir := t.TempDir()
+	rackFile := exampleRackFile(t, dir)
+	out, _, code := run("images", "list", "--rack", rackFile, "-o", "json")
+	var list []images.Image
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
+		t.Fatalf("images list: exit %d, %s", code, out)
+	}
+
+	// A layout holding every listed image, as hack/lab-images.sh writes
+	// one; the pause image is a two-platform index.
+	lay := filepath.Join(dir, "layout")
+	p, err := layout.Write(lay, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digests := map[string]v1.Hash{}
+	for _, img := range list {
+		ann := layout.WithAnnotations(map[string]string{images.AnnotationRefName: img.Ref, images.AnnotationContainerdName: img.Ref})
+		var err error
+		if strings.HasPrefix(img.Ref, "registry.k8s.io/pause:") {
+			var idx v1.ImageIndex
+			if idx, err = random.Index(256, 1, 2); err == nil {
+				digests[img.Ref], _ = idx.Digest()
+				err = p.AppendIndex(idx, ann)
+			}
+		} else {
+			var im v1.Image
+			if im, err = random.Image(256, 1); err == nil {
+				digests[img.Ref], _ = im.Digest()
+				err = p.AppendImage(im, ann)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	store := filepath.Join(dir, "registry")
+	reg := serveRegistry(t, store)
+	mirror := func(extra ...string) ([]images.Result, string, int) {
+		t.Helper()
+		args := append([]string{"images", "mirror", "--rack", rackFile, "--from", lay, "--to", reg.addr, "-o", "json"}, extra...)
+		out, stderr, code := run(args...)
+		var rs []images.Result
+		if err := json.Unmarshal([]byte(out), &rs); err != nil && code == 0 {
+			t.Fatalf("images mirror -o json: %v\n%s", err, out)
+		}
+		return rs, stderr, code
+	}
+
+	rs, stderr, code := mirror("--insecure")
+	if code != 0 || len(rs) != len(list) {
+		t.Fatalf("first mirror: exit %d, %d results for %d images\n%s", code, len(rs), len(list), stderr)
+	}
+	for _, r := range rs {
+		if r.Status != images.StatusCopied || r.Target != reg.addr+"/"+r.Image {
+			t.Errorf("first mirror: %+v", r)
+		}
+		ref, _ := name.ParseReference(r.Target, name.Insecure)
+		desc, err := remote.Get(ref)
+		if err != nil || desc.Digest != digests[r.Image] {
+			t.Errorf("pull %s: %v, %v; want digest %s", r.Target, desc, err, digests[r.Image])
+		}
+		// An independent client reads the same bytes: skopeo's raw
+		// manifest hashes to the digest.
+		raw, err := exec.Command(skopeo, "inspect", "--raw", "--tls-verify=false", "docker://"+r.Target).Output()
+		if got := fmt.Sprintf("sha256:%x", sha256.Sum256(raw)); err != nil || got != digests[r.Image].String() {
+			t.Errorf("skopeo inspect --raw %s: %v, manifest digest %s, want %s", r.Target, err, got, digests[r.Image])
+		}
+		if !strings.Contains(stderr, `msg=copying image=`+r.Image) {
+			t.Errorf("no progress line for %s on stderr", r.Image)
+		}
+	}
+	if want := "copied=" + itoa(len(list)) + " alreadyThere=0 failed=0"; !strings.Contains(stderr, want) {
+		t.Errorf("first mirror's summary lacks %q:\n%s", want, stderr)
+	}
+
+	rs, stderr, code = mirror("--insecure")
+	for _, r := range rs {
+		if r.Status != images.StatusPresent {
+			t.Errorf("second mirror: %+v, want present", r)
+		}
+	}
+	if want := "copied=0 alreadyThere=" + itoa(len(list)) + " failed=0"; code != 0 || !strings.Contains(stderr, want) {
+		t.Errorf("second mirror: exit %d, summary lacks %q:\n%s", code, want, stderr)
+	}
+
+	reg.stop(t)
+	reg = serveRegistry(t, store)
+	rs, _, code = mirror("--insecure")
+	if code != 0 || len(rs) != len(list) || rs[0].Status != images.StatusPresent {
+		t.Errorf("after a restart on the same --dir: exit %d, %+v; want everything present", code, rs)
+	}
+
+	_, stderr, code = mirror()
+	if code != 1 || !strings.Contains(stderr, "plain HTTP to "+reg.addr+" refused") {
+		t.Errorf("without --insecure: exit %d\n%s", code, stderr)
+	}
+}
+
+func TestImagesMirrorFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"images", "mirror", "--to", "127.0.0.1:1"}, "give one source"},
+		{[]string{"images", "mirror", "--to", "127.0.0.1:1", "--from", "x", "--from-upstream"}, "give one source"},
+		{[]string{"images", "mirror", "--to", "http://127.0.0.1:1", "--from-upstream"}, "HOST[:PORT]"},
+		{[]string{"images", "mirror", "--to", "127.0.0.1:1", "--from", "/nonexistent"}, "OCI layout /nonexistent"},
+		{[]string{"images", "mirror", "--from-upstream"}, `required flag(s) "to" not set`},
+		{[]string{"registry", "serve", "--dir", "x"}, `required flag(s) "listen" not set`},
+	}
+	for _, tt := range tests {
+		_, stderr, code := run(tt.args...)
+		if code != 1 || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", tt.args, code, stderr, tt.want)
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

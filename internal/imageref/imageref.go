@@ -1,0 +1,107 @@
+// Package imageref reads container image references the way containerd
+// and Docker do, writes them in one canonical form (registry host always
+// given, docker.io's implicit library/ spelt out, a tag always present
+// unless the reference is by digest), and names an image inside a mirror
+// registry.
+//
+// The mirror naming is the one contract between `cozyctl images mirror`,
+// which pushes, and the Talos mirror settings that `registries.mirror`
+// expands to, which pull: HOST/REPO:TAG is stored as MIRROR/HOST/REPO:TAG,
+// so two upstream registries never collide, and containerd reaches it
+// through the endpoint http(s)://MIRROR/v2/HOST with overridePath.
+package imageref
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/distribution/reference"
+)
+
+// Ref is an image reference in canonical form.
+type Ref struct {
+	// Host is the registry's host[:port]: docker.io, registry.k8s.io.
+	Host string
+	// Repository is the path inside the registry: library/alpine,
+	// pause, siderolabs/flannel.
+	Repository string
+	// Tag is the tag; "latest" when the reference gave neither a tag
+	// nor a digest.
+	Tag string
+	// Digest pins the content (sha256:...); a pulled reference with
+	// both is fetched by digest.
+	Digest string
+}
+
+// Parse reads a reference as containerd does: alpine is
+// docker.io/library/alpine:latest.
+func Parse(s string) (Ref, error) {
+	if s == "" {
+		return Ref{}, errors.New("empty image reference")
+	}
+	if strings.TrimSpace(s) != s {
+		return Ref{}, fmt.Errorf("image reference %q has surrounding spaces", s)
+	}
+	named, err := reference.ParseNormalizedNamed(s)
+	if err != nil {
+		return Ref{}, fmt.Errorf("%q is not an image reference: %w", s, err)
+	}
+	r := Ref{Host: reference.Domain(named), Repository: reference.Path(named)}
+	if strings.ToLower(r.Host) != r.Host {
+		// Docker reads an upper-case first component as a host; Cozy
+		// names hosts in lower case only, as mirror paths must be.
+		return Ref{}, fmt.Errorf("%q: write the registry host %q in lower case", s, r.Host)
+	}
+	if t, ok := named.(reference.Tagged); ok {
+		r.Tag = t.Tag()
+	}
+	if d, ok := named.(reference.Digested); ok {
+		r.Digest = d.Digest().String()
+	}
+	if r.Tag == "" && r.Digest == "" {
+		r.Tag = "latest"
+	}
+	return r, nil
+}
+
+// Name is HOST/REPOSITORY.
+func (r Ref) Name() string { return r.Host + "/" + r.Repository }
+
+// String is the canonical form: HOST/REPOSITORY:TAG, HOST/REPOSITORY@DIGEST
+// or HOST/REPOSITORY:TAG@DIGEST.
+func (r Ref) String() string {
+	s := r.Name()
+	if r.Tag != "" {
+		s += ":" + r.Tag
+	}
+	if r.Digest != "" {
+		s += "@" + r.Digest
+	}
+	return s
+}
+
+// In names the image inside the mirror registry at host[:port] mirror:
+// registry.k8s.io/pause:3.10.1 in 10.0.0.1:5000 is
+// 10.0.0.1:5000/registry.k8s.io/pause:3.10.1. Upstream hosts with a port
+// cannot be named this way (a repository path has no ':').
+func (r Ref) In(mirror string) (Ref, error) {
+	m := Ref{Host: mirror, Repository: r.Host + "/" + r.Repository, Tag: r.Tag, Digest: r.Digest}
+	back, err := Parse(m.String())
+	if err != nil || back != m {
+		return Ref{}, fmt.Errorf("%s cannot be named in the mirror %s as %s: not a valid repository path (an upstream host with a port?)", r, mirror, m)
+	}
+	return m, nil
+}
+
+// MirrorHosts are what a registries.mirror URL covers whatever the rack:
+// the registries Kubernetes, Talos and the platform pull from. Hosts of other
+// images a rack names are added where the images are known.
+var MirrorHosts = []string{"docker.io", "ghcr.io", "quay.io", "registry.k8s.io"}
+
+// MirrorEndpoint is the URL containerd pulls host's images from, in the
+// registry at mirrorURL (http(s)://HOST[:PORT]), with overridePath set:
+// it already ends in /v2/HOST, so containerd adds nothing.
+func MirrorEndpoint(mirrorURL, host string) string {
+	return strings.TrimSuffix(mirrorURL, "/") + "/v2/" + host
+}
