@@ -207,7 +207,8 @@ func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
 func (r *rackRig) start(n *emuNode) {
 	self, _ := os.Executable()
 	n.cmd = n.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.dir,
-		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms")
+		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms",
+		"--etcd", filepath.Join(r.assets, "etcd"), "--kube-apiserver", filepath.Join(r.assets, "kube-apiserver"))
 	n.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_TALOS_NODE=1")
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {

@@ -173,9 +173,9 @@ func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRe
 	if n.bootstrapped() || n.cp != nil {
 		return nil, status.Error(codes.AlreadyExists, "etcd data directory is not empty")
 	}
-	for _, bin := range []string{n.cfg.EtcdBinary, n.cfg.APIServerBinary} {
+	for _, bin := range []string{n.cfg.Bin.Etcd, n.cfg.Bin.APIServer} {
 		if _, err := exec.LookPath(bin); err != nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "the emulated node cannot run %s: %s (set --etcd and --kube-apiserver, or KUBEBUILDER_ASSETS)", bin, err)
+			return nil, status.Errorf(codes.FailedPrecondition, "the emulated node cannot run %s: %s (set --etcd and --kube-apiserver)", bin, err)
 		}
 	}
 	if err := writeFileAtomic(filepath.Join(n.cfg.StateDir, BootstrappedFile), nil, 0o600); err != nil {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -55,12 +54,19 @@ type Config struct {
 	UUID string
 	// Disks are the block devices the node reports.
 	Disks []Disk
-	// EtcdBinary and APIServerBinary run on a control plane after
-	// bootstrap; empty means $KUBEBUILDER_ASSETS/etcd and
-	// $KUBEBUILDER_ASSETS/kube-apiserver, else etcd and kube-apiserver
-	// from PATH.
-	EtcdBinary      string
-	APIServerBinary string
+	// Bin are the programs the node runs.
+	Bin Binaries
+	// Platform is PlatformMetal (the node is its machine's whole
+	// userland: a lab VM) or PlatformContainer (one of several nodes on
+	// one host, each in network and mount namespaces of its own, as
+	// Talos runs in a container); empty means metal.
+	Platform Platform
+	// NodeServices runs what Talos starts on every configured node:
+	// containerd and kubelet, and on control planes the controller-manager
+	// and scheduler and the bootstrap manifests (CoreDNS, the CNI,
+	// kube-proxy, RBAC). Off, the node serves the Talos API and runs etcd
+	// and kube-apiserver only (tests of the API).
+	NodeServices bool
 	// RebootDelay is how long an install or reboot takes; 0 means
 	// DefaultRebootDelay.
 	RebootDelay time.Duration
@@ -70,6 +76,63 @@ type Config struct {
 	Reboot RebootMode
 	// Logger receives the node's log; nil discards it.
 	Logger *slog.Logger
+}
+
+// Binaries are the programs a node starts; an empty path means the
+// program's own name, looked up in PATH (a lab VM has them all there).
+type Binaries struct {
+	Etcd, APIServer, ControllerManager, Scheduler, Kubelet string
+	// Containerd finds containerd-shim-runc-v2 in its own directory.
+	Containerd string
+	Runc       string
+	// CNIDir holds the CNI plugins; default /opt/cni/bin.
+	CNIDir string
+}
+
+func (b *Binaries) withDefaults() {
+	for _, d := range []struct {
+		p    *string
+		name string
+	}{
+		{&b.Etcd, "etcd"}, {&b.APIServer, "kube-apiserver"}, {&b.ControllerManager, "kube-controller-manager"},
+		{&b.Scheduler, "kube-scheduler"}, {&b.Kubelet, "kubelet"}, {&b.Containerd, "containerd"}, {&b.Runc, "runc"},
+		{&b.CNIDir, defaultCNIBinDir},
+	} {
+		if *d.p == "" {
+			*d.p = d.name
+		}
+	}
+}
+
+// Platform says what the node runs on, as Talos's platform does.
+type Platform string
+
+const (
+	// PlatformMetal: the node owns its machine (a lab VM).
+	PlatformMetal Platform = "metal"
+	// PlatformContainer: the node shares a host with others, in a
+	// network namespace and a mount namespace of its own. It binds its
+	// disk over Talos's system directories, keeps its processes in a
+	// cgroup tree of its own, and its kubelet leaves the kernel's
+	// settings alone.
+	PlatformContainer Platform = "container"
+)
+
+// Set parses a flag value.
+func (p *Platform) Set(s string) error {
+	switch Platform(s) {
+	case PlatformMetal, PlatformContainer:
+		*p = Platform(s)
+		return nil
+	}
+	return fmt.Errorf("%q: want %s or %s", s, PlatformMetal, PlatformContainer)
+}
+
+func (p *Platform) String() string {
+	if p == nil || *p == "" {
+		return string(PlatformMetal)
+	}
+	return string(*p)
 }
 
 // RebootMode says who carries out the node's reboots.
@@ -218,18 +281,13 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("reboot %q: want %s or %s", c.Reboot, RebootInProcess, RebootExit))
 	}
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if c.EtcdBinary == "" {
-		c.EtcdBinary = "etcd"
-		if assets != "" {
-			c.EtcdBinary = filepath.Join(assets, "etcd")
-		}
-	}
-	if c.APIServerBinary == "" {
-		c.APIServerBinary = "kube-apiserver"
-		if assets != "" {
-			c.APIServerBinary = filepath.Join(assets, "kube-apiserver")
-		}
+	c.Bin.withDefaults()
+	switch c.Platform {
+	case "":
+		c.Platform = PlatformMetal
+	case PlatformMetal, PlatformContainer:
+	default:
+		errs = append(errs, fmt.Errorf("platform %q: want %s or %s", c.Platform, PlatformMetal, PlatformContainer))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -246,8 +304,23 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(macsFlag{&c.MACs}, "mac", "MAC address of a NIC; repeat for more NICs, the first is the netboot NIC")
 	fs.StringVar(&c.UUID, "uuid", "", "SMBIOS system UUID")
 	fs.Var(disksFlag{&c.Disks}, "disk", "block device NAME:SIZE[:TRANSPORT[:MODEL[:SERIAL]]], e.g. vda:20GiB:virtio; repeatable")
-	fs.StringVar(&c.EtcdBinary, "etcd", "", "etcd binary (default $KUBEBUILDER_ASSETS/etcd, else etcd from PATH)")
-	fs.StringVar(&c.APIServerBinary, "kube-apiserver", "", "kube-apiserver binary (default $KUBEBUILDER_ASSETS/kube-apiserver, else from PATH)")
+	for _, b := range []struct {
+		p          *string
+		name, what string
+	}{
+		{&c.Bin.Etcd, "etcd", "etcd"},
+		{&c.Bin.APIServer, "kube-apiserver", "kube-apiserver"},
+		{&c.Bin.ControllerManager, "kube-controller-manager", "kube-controller-manager"},
+		{&c.Bin.Scheduler, "kube-scheduler", "kube-scheduler"},
+		{&c.Bin.Kubelet, "kubelet", "kubelet"},
+		{&c.Bin.Containerd, "containerd", "containerd (containerd-shim-runc-v2 beside it)"},
+		{&c.Bin.Runc, "runc", "runc"},
+	} {
+		fs.StringVar(b.p, b.name, "", b.what+" binary (default: from PATH)")
+	}
+	fs.StringVar(&c.Bin.CNIDir, "cni-bin-dir", "", "directory of the CNI plugins (default "+defaultCNIBinDir+")")
+	fs.Var(&c.Platform, "platform", fmt.Sprintf("%s (the node is its machine's userland) or %s (one of several nodes on a host, each in a network namespace of its own; the node makes its own mount namespace)", PlatformMetal, PlatformContainer))
+	fs.BoolVar(&c.NodeServices, "node-services", false, "run containerd and kubelet, and on control planes the controller-manager, scheduler and bootstrap manifests, as Talos does (off: the Talos API, etcd and kube-apiserver only)")
 	fs.DurationVar(&c.RebootDelay, "reboot-delay", DefaultRebootDelay, "how long an emulated install or reboot takes")
 	fs.Var(&c.Reboot, "reboot", fmt.Sprintf("who reboots the machine: %s (the node, after --reboot-delay) or %s (the node exits with status %d and its VM reboots; power-off exits 0)",
 		RebootInProcess, RebootExit, RebootExitCode))

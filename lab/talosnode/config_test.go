@@ -63,12 +63,16 @@ func TestFlags(t *testing.T) {
 			args: []string{"--address", "10.0.0.11/24", "--port", "50010", "--state-dir", "/var/lib/node", "--hostname", "spare",
 				"--mac", "52:54:00:00:00:01", "--mac", "52:54:00:00:00:02", "--uuid", "u-1",
 				"--disk", "vda:20GiB:virtio", "--disk", "vdb:1TiB", "--etcd", "/bin/etcd", "--kube-apiserver", "/bin/kube-apiserver",
-				"--reboot-delay", "5s", "--reboot", "exit"},
+				"--kube-controller-manager", "/bin/kcm", "--kube-scheduler", "/bin/ks", "--kubelet", "/bin/kubelet",
+				"--containerd", "/bin/containerd", "--runc", "/sbin/runc", "--cni-bin-dir", "/cni",
+				"--platform", "container", "--node-services", "--reboot-delay", "5s", "--reboot", "exit"},
 			want: talosnode.Config{
 				Address: netip.MustParseAddr("10.0.0.11"), PrefixLength: 24, Port: 50010, StateDir: "/var/lib/node", Hostname: "spare",
 				MACs: []net.HardwareAddr{mac("52:54:00:00:00:01"), mac("52:54:00:00:00:02")}, UUID: "u-1",
-				Disks:      []talosnode.Disk{{Name: "vda", Size: 20 << 30, Transport: "virtio"}, {Name: "vdb", Size: 1 << 40, Transport: "virtio"}},
-				EtcdBinary: "/bin/etcd", APIServerBinary: "/bin/kube-apiserver", RebootDelay: 5 * time.Second,
+				Disks: []talosnode.Disk{{Name: "vda", Size: 20 << 30, Transport: "virtio"}, {Name: "vdb", Size: 1 << 40, Transport: "virtio"}},
+				Bin: talosnode.Binaries{Etcd: "/bin/etcd", APIServer: "/bin/kube-apiserver", ControllerManager: "/bin/kcm",
+					Scheduler: "/bin/ks", Kubelet: "/bin/kubelet", Containerd: "/bin/containerd", Runc: "/sbin/runc", CNIDir: "/cni"},
+				Platform: talosnode.PlatformContainer, NodeServices: true, RebootDelay: 5 * time.Second,
 				Reboot: talosnode.RebootExit,
 			},
 		},
@@ -84,6 +88,7 @@ func TestFlags(t *testing.T) {
 		{name: "bad MAC", args: []string{"--mac", "52:54:00"}, err: "not a MAC address"},
 		{name: "bad disk", args: []string{"--disk", "vda"}, err: "NAME:SIZE"},
 		{name: "bad reboot mode", args: []string{"--reboot", "kexec"}, err: "want process or exit"},
+		{name: "bad platform", args: []string{"--platform", "docker"}, err: "want metal or container"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,6 +25,8 @@ import (
 	"github.com/siderolabs/crypto/x509"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 )
 
 // controlPlane is etcd and kube-apiserver of a bootstrapped control plane,
@@ -83,15 +85,31 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 	cp.wg.Add(1)
 	go func() {
 		defer cp.wg.Done()
-		supervise(etcdCtx, cp.log, spawn, "etcd", c.EtcdBinary, etcdArgs, filepath.Join(c.StateDir, LogDir, "etcd.log"))
+		supervise(etcdCtx, cp.log, spawn, "etcd", c.Bin.Etcd, etcdArgs, filepath.Join(c.StateDir, LogDir, "etcd.log"))
 	}()
 	api.Add(1)
 	go func() {
 		defer api.Done()
 		if cp.waitEtcd(apiCtx) == nil {
-			supervise(apiCtx, cp.log, spawn, "kube-apiserver", c.APIServerBinary, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
+			supervise(apiCtx, cp.log, spawn, "kube-apiserver", c.Bin.APIServer, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
 		}
 	}()
+	if c.NodeServices {
+		comps, err := controlPlaneComponents(c, mc, pki)
+		if err != nil {
+			stopAPI()
+			api.Wait()
+			stopEtcd()
+			cp.wg.Wait()
+			return nil, err
+		}
+		for _, comp := range comps {
+			api.Go(func() {
+				supervise(apiCtx, cp.log, spawn, comp.name, comp.bin, comp.args, filepath.Join(c.StateDir, LogDir, comp.name+".log"))
+			})
+		}
+		api.Go(func() { cp.applyBootstrapManifests(apiCtx, mc) })
+	}
 	cp.halt = func() {
 		stopAPI()
 		api.Wait()
@@ -223,6 +241,11 @@ func apiServerArgs(c Config, mc config.Config, pki controlPlaneFiles) ([]string,
 		"--service-cluster-ip-range=" + strings.Join(services, ","),
 		"--encryption-provider-config=" + pki.path("encryptionconfig.yaml"),
 		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		// Reach kubelets (logs, exec, port-forward) at their node
+		// address, as Talos does: a node's name need not resolve.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+		"--api-audiences=" + issuer,
 		"--enable-bootstrap-token-auth=true",
 		"--allow-privileged=true",
 		"--profiling=false",
@@ -394,12 +417,17 @@ func writeSecret(path string, data []byte) error {
 // as Talos's service runner restarts a failed service. Its output is
 // appended to logPath.
 func supervise(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args []string, logPath string) {
+	superviseEnv(ctx, log, spawn, name, bin, args, nil, logPath)
+}
+
+// superviseEnv is supervise with an environment for the program.
+func superviseEnv(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args, env []string, logPath string) {
 	for {
-		err := runOnce(ctx, spawn, bin, args, logPath)
+		err := runOnce(ctx, spawn, bin, args, env, logPath)
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("control-plane process exited; restarting", "process", name, "err", err, "log", logPath)
+		log.Warn("process exited; restarting", "process", name, "err", err, "log", logPath)
 		select {
 		case <-ctx.Done():
 			return
@@ -411,7 +439,7 @@ func supervise(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin 
 // stopTimeout is how long a child gets to exit after SIGTERM.
 const stopTimeout = 10 * time.Second
 
-func runOnce(ctx context.Context, spawn *spawner, bin string, args []string, logPath string) error {
+func runOnce(ctx context.Context, spawn *spawner, bin string, args, env []string, logPath string) error {
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -419,9 +447,9 @@ func runOnce(ctx context.Context, spawn *spawner, bin string, args []string, log
 	defer out.Close()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	// No environment: etcd reads ETCD_* variables as flags, and nothing
-	// from the caller's environment belongs on the node.
-	cmd.Env = []string{}
+	// Only the environment given: etcd reads ETCD_* variables as flags,
+	// and nothing from the caller's environment belongs on the node.
+	cmd.Env = append([]string{}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := spawn.start(cmd); err != nil {
 		return err
@@ -489,3 +517,64 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 }
 
 func (s *spawner) close() { close(s.done) }
+
+// controlPlaneComponents writes the files of the controller-manager and
+// the scheduler (unless the config disables them) and returns them.
+func controlPlaneComponents(c Config, mc config.Config, pki controlPlaneFiles) ([]component, error) {
+	var comps []component
+	if cp := mc.Machine().Controlplane(); cp == nil || !cp.ControllerManager().Disabled() {
+		kcm, err := controllerManager(c, mc, pki)
+		if err != nil {
+			return nil, err
+		}
+		comps = append(comps, kcm)
+	}
+	if cp := mc.Machine().Controlplane(); cp == nil || !cp.Scheduler().Disabled() {
+		ks, err := scheduler(c, mc, pki)
+		if err != nil {
+			return nil, err
+		}
+		comps = append(comps, ks)
+	}
+	for _, comp := range comps {
+		for path, data := range comp.files {
+			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				return nil, err
+			}
+			if err := writeSecret(path, data); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return comps, nil
+}
+
+// applyBootstrapManifests creates the bootstrap manifests once the API
+// answers, retrying until they are in, as Talos's manifest controller
+// does on every control plane (creating only what is missing, so control
+// planes do not fight).
+func (cp *controlPlane) applyBootstrapManifests(ctx context.Context, mc config.Config) {
+	rendered, err := renderManifests(mc)
+	if err == nil {
+		var objs []*unstructured.Unstructured
+		if objs, err = manifestObjects(rendered); err == nil {
+			for {
+				var cfg *rest.Config
+				if cfg, err = adminRESTConfig(mc, localAPIEndpoint(mc)); err != nil {
+					break
+				}
+				var created int
+				created, err = applyManifests(ctx, cfg, objs)
+				if err == nil {
+					cp.log.Info("bootstrap manifests applied", "objects", len(objs), "created", created)
+					return
+				}
+				cp.log.Debug("bootstrap manifests: not yet", "err", err)
+				if !sleep(ctx, 3*time.Second) {
+					return
+				}
+			}
+		}
+	}
+	cp.log.Error("bootstrap manifests cannot be applied", "err", err)
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 )
@@ -33,6 +34,9 @@ func Main(args []string, stderr io.Writer) int {
 	if *debug {
 		level = slog.LevelDebug
 	}
+	if cfg.Platform == PlatformContainer && cfg.NodeServices && os.Getenv(mountNamespaceEnv) == "" {
+		return inMountNamespace(args, stderr)
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	node, err := New(cfg)
 	if err != nil {
@@ -50,4 +54,45 @@ func Main(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// mountNamespaceEnv marks the node process that runs in a mount
+// namespace of its own (see inMountNamespace).
+const mountNamespaceEnv = "COZY_TALOS_NODE_MOUNT_NAMESPACE"
+
+// inMountNamespace runs the node again, with the same arguments, in a new
+// mount namespace, and returns its exit code. A node of the container
+// platform binds its disk over Talos's system directories; in a mount
+// namespace of its own, the host never sees those mounts. Signals reach
+// the node; the node dies with this process.
+func inMountNamespace(args []string, stderr io.Writer) int {
+	cmd := exec.Command("/proc/self/exe", args...)
+	cmd.Env = append(os.Environ(), mountNamespaceEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(stderr, "cozy-talos-node: a mount namespace for the container platform:", err)
+		return 1
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-sigs:
+			_ = cmd.Process.Signal(sig)
+		case err := <-done:
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				return exit.ExitCode()
+			}
+			if err != nil {
+				fmt.Fprintln(stderr, "cozy-talos-node:", err)
+				return 1
+			}
+			return 0
+		}
+	}
 }

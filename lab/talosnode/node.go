@@ -101,6 +101,12 @@ func (n *Node) Run(ctx context.Context) error {
 	if err := os.MkdirAll(n.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
+	if n.cfg.NodeServices {
+		if err := n.prepareMachine(); err != nil {
+			return err
+		}
+		defer n.killLeftovers()
+	}
 	n.spawn = newSpawner()
 	defer n.spawn.close()
 	defer n.stopControlPlane()
@@ -122,6 +128,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		b.stop()
 		n.stopControlPlane()
+		n.killLeftovers()
 		n.mu.Lock()
 		n.pending = false
 		n.mu.Unlock()
@@ -130,7 +137,13 @@ func (n *Node) Run(ctx context.Context) error {
 			n.log.Info("machine powered off")
 			return nil
 		case reset, resetOff:
+			if err := unmountBelow(systemDirs); err != nil {
+				return fmt.Errorf("reset: %w", err)
+			}
 			if err := wipe(n.cfg.StateDir); err != nil {
+				return fmt.Errorf("reset: %w", err)
+			}
+			if err := emptyDirs(filepath.Join(n.cfg.StateDir, SystemDir)); err != nil {
 				return fmt.Errorf("reset: %w", err)
 			}
 			n.log.Info("disk wiped")
@@ -296,6 +309,13 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 	if vip, ok := layer2VIP(mc); ok && controlPlane {
 		b.work.Go(func() { n.runVIP(work, vip, hostname) })
 	}
+	if n.cfg.NodeServices {
+		// A node service that cannot start leaves the machine API up,
+		// as on Talos, to be looked at and fixed.
+		if err := n.startNodeServices(work, &b.work, mc, hostname); err != nil {
+			n.log.Error("node services failed to start", "err", err)
+		}
+	}
 	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
 		b.stop()
 		return nil, err
@@ -351,7 +371,9 @@ func (n *Node) stopControlPlane() {
 	}
 }
 
-// wipe empties the node's disk, keeping the logs of what ran on it.
+// wipe empties the node's disk, keeping the logs of what ran on it. The
+// system directories are emptied in place: they stay bound over Talos's
+// paths.
 func wipe(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -361,7 +383,7 @@ func wipe(dir string) error {
 		return err
 	}
 	for _, e := range entries {
-		if e.Name() == LogDir {
+		if e.Name() == LogDir || e.Name() == SystemDir {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
@@ -369,4 +391,36 @@ func wipe(dir string) error {
 		}
 	}
 	return nil
+}
+
+// emptyDirs removes everything below each directory of the tree at root
+// that is one of systemDirs' sources, keeping the directories.
+func emptyDirs(root string) error {
+	for _, d := range systemDirs {
+		entries, err := os.ReadDir(filepath.Join(root, d))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if isSystemDir(filepath.Join(d, e.Name())) {
+				continue // a bind of its own, emptied in its turn
+			}
+			if err := os.RemoveAll(filepath.Join(root, d, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func isSystemDir(p string) bool {
+	for _, d := range systemDirs {
+		if d == p {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,347 @@
+//go:build integration
+
+package talosnode_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/talosconfig"
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/images/registry"
+	"cozy.dev/cozy/internal/clustertest"
+	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/lab/talosnode"
+)
+
+// The process tier of a real cluster: a control plane and a worker, each
+// an emulated Talos node in network and mount namespaces of its own on
+// this host (the container platform), joined by a bridge in a third
+// namespace that also holds the registry mirror. Everything Talos starts
+// runs for real: etcd, kube-apiserver, controller-manager, scheduler,
+// containerd with runc and the CNI plugins, kubelet; and the bootstrap
+// manifests' CoreDNS, flannel and kube-proxy run as pods from images
+// built from source and served by the mirror.
+
+const (
+	clusterSubnet = "10.77.0"
+	mirrorAddr    = clusterSubnet + ".1:5000"
+)
+
+// clusterNode is one node of the process-tier cluster.
+type clusterNode struct {
+	name, ip, mac string
+	ns            *netnstest.NS
+	stateDir      string
+	api           string // its Talos API, exposed on host loopback
+	cmd           *exec.Cmd
+	log           *os.File
+}
+
+func TestClusterRunsPods(t *testing.T) {
+	assets := testenv.AssetsDir(t)
+	nodeAssets := testenv.BuiltDir(t, "COZY_NODE_ASSETS", "hack/node-assets.sh", "bin/containerd")
+	images := testenv.BuiltDir(t, "COZY_LAB_IMAGES", "hack/lab-images.sh", "index.json")
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		prereq.Missing(t, "runc is not installed (Debian runc; hack/install-deps.sh)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if d, err := time.ParseDuration(os.Getenv("COZY_TEST_HOLD")); err == nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("holding the cluster for %s (COZY_TEST_HOLD)", d)
+				time.Sleep(d)
+			}
+		})
+	}
+
+	// The network: a bridge in sw, the mirror on its address, one veth
+	// per node with a default route through the bridge (flannel picks its
+	// interface from it); nothing routes further.
+	sw := netnstest.New(t, "sw")
+	sw.IP(t, "link", "add", "br0", "type", "bridge")
+	sw.IP(t, "addr", "add", clusterSubnet+".1/24", "dev", "br0")
+	sw.IP(t, "link", "set", "br0", "up")
+	nodes := []*clusterNode{
+		{name: "cp1", ip: clusterSubnet + ".11", mac: "52:54:00:77:00:11"},
+		{name: "w1", ip: clusterSubnet + ".21", mac: "52:54:00:77:00:21"},
+	}
+	for _, n := range nodes {
+		n.ns = netnstest.New(t, n.name)
+		netnstest.Veth(t, n.ns, "eth0", n.ip+"/24", sw, "p-"+n.name, "")
+		n.ns.IP(t, "link", "set", "eth0", "address", n.mac)
+		sw.IP(t, "link", "set", "p-"+n.name, "master", "br0")
+		n.ns.IP(t, "route", "add", "default", "via", clusterSubnet+".1")
+		n.stateDir = t.TempDir()
+	}
+	startMirror(t, sw, mirrorAddr, images)
+	t.Cleanup(talosnode.RemoveMountPoints) // after every node's own cleanup
+
+	// The rack: flannel as the CNI (kube-proxy with it), every image
+	// through the mirror.
+	r := parseRack(t, fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
+kind: Rack
+metadata:
+  name: proc
+cluster:
+  endpoint: https://%[1]s.11:6443
+  kubernetesVersion: %[5]s
+  cni: flannel
+  allowSchedulingOnControlPlanes: false
+network:
+  interface: br0
+  subnet: %[1]s.0/24
+registries:
+  mirror: http://%[2]s
+machines:
+  - hostname: cp1
+    role: controlplane
+    mac: %[3]s
+    install: {disk: /dev/vda}
+    interfaces:
+      - mac: %[3]s
+        addresses: [%[1]s.11/24]
+  - hostname: w1
+    role: worker
+    mac: %[4]s
+    install: {disk: /dev/vda}
+    interfaces:
+      - mac: %[4]s
+        addresses: [%[1]s.21/24]
+`, clusterSubnet, mirrorAddr, nodes[0].mac, nodes[1].mac, kubernetesVersion(t, assets)))
+	bundle, _, err := talosconfig.LoadOrCreateSecrets(filepath.Join(t.TempDir(), talosconfig.SecretsFile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := &talosconfig.Generator{Rack: r, Secrets: bundle}
+	tc, err := gen.Talosconfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, n := range nodes {
+		n.start(t, assets, nodeAssets, runc)
+	}
+	for i, n := range nodes {
+		cfg, err := gen.MachineConfig(&r.Machines[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, n.name+" in maintenance mode", func() error {
+			c := insecureClient(t, n.api)
+			_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_REBOOT})
+			return err
+		})
+	}
+	cp := nodes[0]
+	eventually(t, 2*time.Minute, "bootstrap cp1", func() error {
+		c := configClient(t, tc, cp.api)
+		return c.Bootstrap(ctx, &machine.BootstrapRequest{})
+	})
+	var kubeconfig []byte
+	eventually(t, time.Minute, "kubeconfig", func() (err error) {
+		c := configClient(t, tc, cp.api)
+		kubeconfig, err = c.Kubeconfig(ctx)
+		return err
+	})
+	kc := exposedKubeconfig(t, cp, kubeconfig)
+	kubectl := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kc, "--request-timeout", "20s"}, args...)...)
+		var out, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &stderr
+		err := cmd.Run()
+		if err != nil {
+			return out.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out.String(), nil
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, args := range [][]string{{"get", "nodes", "-o", "wide"}, {"get", "pods", "-A", "-o", "wide"}, {"get", "events", "-A"}} {
+				out, err := kubectl(args...)
+				t.Logf("kubectl %s:\n%s%v", strings.Join(args, " "), out, err)
+			}
+		}
+	})
+
+	// Every node joins with the bootstrap token and becomes Ready: the
+	// CNI runs on it.
+	eventually(t, 8*time.Minute, "both Nodes Ready", func() error {
+		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{" "}{end}`)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "cp1=True") || !strings.Contains(out, "w1=True") {
+			return fmt.Errorf("nodes: %s", out)
+		}
+		return nil
+	})
+	eventually(t, 5*time.Minute, "CoreDNS Available", func() error {
+		out, err := kubectl("-n", "kube-system", "get", "deployment", "coredns", "-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}`)
+		if err != nil {
+			return err
+		}
+		if out != "True" {
+			return fmt.Errorf("Available=%q", out)
+		}
+		return nil
+	})
+
+	// The node's labels and taints come from the config, through the API.
+	out, err := kubectl("get", "node", "cp1", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpNode struct {
+		Metadata struct{ Labels map[string]string } `json:"metadata"`
+		Spec     struct {
+			Taints []struct{ Key, Effect string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &cpNode); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cpNode.Metadata.Labels["node-role.kubernetes.io/control-plane"]; !ok {
+		t.Errorf("cp1 has no control-plane role label: %v", cpNode.Metadata.Labels)
+	}
+	if len(cpNode.Spec.Taints) == 0 || cpNode.Spec.Taints[0].Key != "node-role.kubernetes.io/control-plane" {
+		t.Errorf("cp1 taints %v, want the control-plane NoSchedule taint", cpNode.Spec.Taints)
+	}
+
+	// A pod from the mirror on each node: DNS, Services, pod to pod
+	// across nodes, logs and exec.
+	pods := clustertest.RunProbes(t, kubectl, []string{"cp1", "w1"}, 5*time.Minute)
+	clustertest.CheckWorkloads(t, kubectl, pods, r.Cluster.DNSDomain)
+}
+
+// startMirror serves a registry on addr inside ns (the cluster's bridge)
+// and fills it with the images of an OCI layout, as `cozyctl images
+// mirror` does.
+func startMirror(t *testing.T, ns *netnstest.NS, addr, layout string) {
+	t.Helper()
+	var srv *registry.Server
+	if err := ns.Do(func() (err error) {
+		srv, err = registry.Listen(addr, t.TempDir(), nodeLogger(t, "registry"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	})
+	src, err := images.OpenLayout(layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := images.Mirror(ctx, images.MirrorOptions{
+		Registry: addr, Insecure: true, Source: src, Refs: src.Refs(),
+		Transport: &http.Transport{DialContext: ns.DialContext},
+	}); err != nil {
+		t.Fatalf("mirror %s: %v", layout, err)
+	}
+}
+
+// start runs the node in its namespaces: its network namespace, and a
+// mount namespace of its own (the container platform binds its disk over
+// Talos's paths there).
+func (n *clusterNode) start(t *testing.T, assets, nodeAssets, runc string) {
+	t.Helper()
+	self, _ := os.Executable()
+	var err error
+	n.log, err = os.Create(filepath.Join(n.stateDir, "node.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = n.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.stateDir, "--hostname", "node-"+n.name,
+		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms",
+		"--platform", "container", "--node-services",
+		"--etcd", filepath.Join(assets, "etcd"), "--kube-apiserver", filepath.Join(assets, "kube-apiserver"),
+		"--kube-controller-manager", filepath.Join(assets, "kube-controller-manager"),
+		"--kube-scheduler", filepath.Join(assets, "kube-scheduler"), "--kubelet", filepath.Join(assets, "kubelet"),
+		"--containerd", filepath.Join(nodeAssets, "bin", "containerd"), "--runc", runc,
+		"--cni-bin-dir", filepath.Join(nodeAssets, "cni", "bin"))
+	n.cmd.Env = append(os.Environ(), runNodeEnv+"=1")
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.api = n.ns.Expose(t, net.JoinHostPort(n.ip, "50000"))
+	t.Cleanup(func() {
+		_ = n.cmd.Process.Kill()
+		_ = n.cmd.Wait()
+		if err := talosnode.KillNodeCgroup("node-" + n.name); err != nil {
+			t.Errorf("clean up %s: %v", n.name, err)
+		}
+		n.log.Close()
+		if t.Failed() {
+			for _, f := range []string{"node.log", "logs/kubelet.log", "logs/containerd.log", "logs/kube-apiserver.log", "logs/kube-controller-manager.log"} {
+				data, _ := os.ReadFile(filepath.Join(n.stateDir, f))
+				if len(data) > 8000 {
+					data = data[len(data)-8000:]
+				}
+				t.Logf("%s %s (tail):\n%s", n.name, f, data)
+			}
+		}
+	})
+}
+
+// exposedKubeconfig rewrites the kubeconfig's server to the control
+// plane's API server exposed on host loopback (its certificate names
+// 127.0.0.1).
+func exposedKubeconfig(t *testing.T, cp *clusterNode, kubeconfig []byte) string {
+	t.Helper()
+	local := cp.ns.Expose(t, net.JoinHostPort(cp.ip, "6443"))
+	s := strings.Replace(string(kubeconfig), "https://"+cp.ip+":6443", "https://"+local, 1)
+	f := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func parseRack(t *testing.T, doc string) *rack.Rack {
+	t.Helper()
+	r, err := rack.Parse([]byte(doc), "rack.yaml", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// kubernetesVersion is the version of the kubelet built for the test: the
+// cluster's, so the images its config names are the ones built.
+func kubernetesVersion(t *testing.T, assets string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(assets, "kubelet"), "--version").Output()
+	if err != nil {
+		t.Fatalf("kubelet --version: %v", err)
+	}
+	v := strings.TrimPrefix(strings.TrimSpace(string(out)), "Kubernetes v")
+	if v == "" || strings.ContainsAny(v, " \n") {
+		t.Fatalf("kubelet --version printed %q", out)
+	}
+	return v
+}
