@@ -59,7 +59,7 @@ type Config struct {
 const (
 	DefaultName      = "cozy"
 	DefaultNodes     = 3
-	DefaultMemoryMiB = 2048
+	DefaultMemoryMiB = 3072
 	DefaultDiskGiB   = 8
 )
 
@@ -226,9 +226,28 @@ network:
 `, c.Name, Bridge, Namespace(c.Name), filepath.Join(c.Dir, "rack.yaml"), Subnet, RangeFrom, RangeTo)
 	if c.Internet {
 		fmt.Fprintf(&b, "  gateway: %s          # --internet: out through this machine (NAT)\n  dns: [%s]\n", ServerIP, strings.Join(resolvers(), ", "))
+	} else {
+		// A default route, as a rack has (flannel takes its interface
+		// from it); the namespace routes nowhere further.
+		fmt.Fprintf(&b, "  gateway: %s          # the lab's namespace: nothing is routed beyond it\n", ServerIP)
 	}
+	var cluster []string
 	if c.ControlPlanes > 1 {
-		fmt.Fprintf(&b, "cluster:\n  vip: %s                 # the API endpoint: the control planes elect its holder\n", VIP)
+		cluster = append(cluster, fmt.Sprintf("  vip: %s                 # the API endpoint: the control planes elect its holder", VIP))
+	}
+	if c.Image != "talos" {
+		// The version the lab's binaries and images are built at
+		// (hack/envtest-assets.sh, hack/lab-images.sh).
+		cluster = append(cluster, "  kubernetesVersion: "+KubernetesVersion+"   # what the lab builds from source")
+		// The lab's own CNI, as Talos's default: the platform's Kube-OVN
+		// and Cilium are not built here yet (docs/lab.md).
+		cluster = append(cluster, "  cni: flannel                    # Talos's flannel, with kube-proxy")
+	}
+	if len(cluster) > 0 {
+		fmt.Fprintf(&b, "cluster:\n%s\n", strings.Join(cluster, "\n"))
+	}
+	if c.Image != "talos" {
+		fmt.Fprintf(&b, "registries:\n  mirror: %s # every image, built from source (cozyctl images mirror)\n", RegistryURL())
 	}
 	if c.Factory != "" {
 		fmt.Fprintf(&b, "talos:\n  factory: %s\n", c.Factory)
@@ -248,6 +267,11 @@ network:
 	}
 	return []byte(b.String())
 }
+
+// KubernetesVersion is the version of the emulated lab's cluster: the
+// default of hack/envtest-assets.sh and hack/lab-images.sh, which build
+// its binaries and images.
+const KubernetesVersion = "1.36.3"
 
 // Namespace is the network namespace of lab name.
 func Namespace(name string) string { return "cozy-lab-" + name }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/clustertest"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/syncbuf"
@@ -42,7 +44,7 @@ func TestLab(t *testing.T) {
 	requireLab(t)
 	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()), Nodes: 3, ControlPlanes: 1,
 		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir()}
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
 	defer cancel()
 	res, _ := upLab(ctx, t, &c)
 
@@ -98,7 +100,47 @@ func TestLab(t *testing.T) {
 	if v, err := (&netnstest.NS{Name: lab.Namespace(c.Name)}).KubeVersion(res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Fatalf("/version: %q, %v", v, err)
 	}
+	// lab up waited for every Node Ready and CoreDNS; now pods from the
+	// lab's mirror on every node: DNS, Services, pod to pod across the
+	// VMs, logs and exec.
+	for _, want := range []string{"all nodes Ready", "CoreDNS available"} {
+		if !slices.ContainsFunc(res.Milestones, func(m lab.Milestone) bool { return m.Name == want }) {
+			t.Errorf("lab up reported no %q: %v", want, res.Milestones)
+		}
+	}
+	kubectl := labKubectl(ctx, &c, res.Kubeconfig)
+	var names []string
+	for _, m := range c.Machines() {
+		names = append(names, m.Name)
+	}
+	pods := clustertest.RunProbes(t, kubectl, names, 10*time.Minute)
+	clustertest.CheckWorkloads(t, kubectl, pods, rack.DefaultDNSDomain)
 	platformAccepted(ctx, t, &c, res.Kubeconfig)
+}
+
+// labKubectl runs the kubectl built with the lab's binaries inside its
+// namespace, as `cozyctl lab kubectl` does.
+func labKubectl(ctx context.Context, c *lab.Config, kubeconfig string) clustertest.Kubectl {
+	return func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name),
+			filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), "--kubeconfig", kubeconfig, "--request-timeout", "60s"}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return string(out), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return string(out), nil
+	}
+}
+
+// cacheDir is where make's builds are cached.
+func cacheDir() string {
+	if d := os.Getenv("COZY_CACHE_DIR"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "cozy")
 }
 
 // platformAccepted checks that the lab's API server accepts the platform
@@ -195,7 +237,7 @@ func requireLab(t *testing.T) {
 			prereq.Missing(t, "%v (hack/install-deps.sh)", err)
 		}
 	}
-	for _, env := range []string{"COZY_BOOT_ASSETS", "KUBEBUILDER_ASSETS"} {
+	for _, env := range []string{"COZY_BOOT_ASSETS", "KUBEBUILDER_ASSETS", "COZY_NODE_ASSETS", "COZY_LAB_IMAGES"} {
 		if os.Getenv(env) == "" {
 			prereq.Missing(t, "%s is not set (make lab-test sets it)", env)
 		}
@@ -226,12 +268,16 @@ func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func(
 	res, err := lab.Up(ctx, c, lab.UpOptions{
 		Cozyctl: self,
 		Image: func(ctx context.Context) (lab.Image, error) {
-			img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
+			img, err := nodeimage.Build(ctx, nodeimage.Options{
+				NodeBinary: node, KernelDir: os.Getenv("COZY_BOOT_ASSETS"), KubernetesDir: os.Getenv("KUBEBUILDER_ASSETS"),
+				RuntimeDir: os.Getenv("COZY_NODE_ASSETS"), CacheDir: filepath.Join(cacheDir(), "lab", "images"),
+			})
 			if err != nil {
 				return lab.Image{}, err
 			}
 			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
 		},
+		Images:  func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
 		Stderr:  &progress,
 		Timeout: 15 * time.Minute,
 	})

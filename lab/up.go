@@ -42,6 +42,10 @@ type UpOptions struct {
 	Cozyctl string
 	// Image builds or finds the node image.
 	Image func(ctx context.Context) (Image, error)
+	// Images builds or finds the OCI layout of the images the nodes pull
+	// (hack/lab-images.sh), which the lab's registry serves. Nil for a
+	// lab of real Talos, which pulls from the internet.
+	Images func(ctx context.Context) (string, error)
 	// Stderr receives the bootstrap's progress.
 	Stderr io.Writer
 	// Timeout bounds each bootstrap wait (cozyctl bootstrap --timeout).
@@ -138,6 +142,20 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := startRouterAdvertiser(ctx, c.Name, c.Dir); err != nil {
 		o.Log.Warn("lab: no IPv6 router advertisements", "err", err)
 	}
+	if o.Images != nil {
+		if err := step("registry mirror", func() error {
+			layout, err := o.Images(ctx)
+			if err != nil {
+				return err
+			}
+			if err := c.startRegistry(ctx, o.Cozyctl); err != nil {
+				return err
+			}
+			return c.mirrorImages(ctx, o.Cozyctl, layout, o.Stderr)
+		}); err != nil {
+			return res, err
+		}
+	}
 	if err := step("vms", func() error {
 		for _, m := range machines {
 			if err := c.startVM(ctx, m, res.Accel); err != nil {
@@ -168,6 +186,16 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		}
 		return nil
 	})
+	kubeconfig := filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
+	if err == nil && c.Image != "talos" {
+		// The emulated nodes run kubelet and the CNI: the lab is up when
+		// every machine is a Ready Node and CoreDNS serves.
+		err = step("nodes ready", func() error {
+			ms, err := c.waitKubernetes(ctx, kubeconfig, start, o.Timeout)
+			res.Milestones = append(res.Milestones, ms...)
+			return err
+		})
+	}
 	res.Total = time.Since(start).Round(10 * time.Millisecond)
 	for _, m := range machines {
 		if pid := c.vmPID(m); pid != 0 {
@@ -179,7 +207,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
-	res.Kubeconfig = filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
+	res.Kubeconfig = kubeconfig
 	return res, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
 )
@@ -36,7 +38,8 @@ qemu-system-x86, ovmf and ipxe.`,
 		}
 		return lab.Load(dir)
 	}
-	cmd.AddCommand(newLabUpCommand(g, &name, &dir), newLabDownCommand(g, load), newLabStatusCommand(g, load), newLabConsoleCommand(g, load))
+	cmd.AddCommand(newLabUpCommand(g, &name, &dir), newLabDownCommand(g, load), newLabStatusCommand(g, load), newLabConsoleCommand(g, load),
+		newLabKubectlCommand(g, load))
 	return cmd
 }
 
@@ -63,17 +66,22 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			res, err := lab.Up(ctx, &c, lab.UpOptions{
-				Cozyctl: self, Image: func(ctx context.Context) (lab.Image, error) { return labImage(ctx, &c) }, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
-			})
+			o := lab.UpOptions{
+				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
+				Image: func(ctx context.Context) (lab.Image, error) { return labImage(ctx, &c, g.stderr) },
+			}
+			if c.Image != "talos" {
+				o.Images = func(ctx context.Context) (string, error) { return runBuildScript(ctx, scriptImages, g.stderr) }
+			}
+			res, err := lab.Up(ctx, &c, o)
 			if res != nil {
 				printPhases(g.stderr, res)
 			}
 			if err != nil {
 				return fmt.Errorf("%w\nthe lab is left as it is: cozyctl lab status --name %[2]s; cozyctl lab down --name %[2]s removes it", err, c.Name)
 			}
-			fmt.Fprintf(g.stderr, "lab %s is up (%s): kubeconfig %s\nuse it inside the lab's network: ip netns exec %s kubectl --kubeconfig %s get --raw /version\n",
-				c.Name, res.Accel, res.Kubeconfig, res.Namespace, res.Kubeconfig)
+			fmt.Fprintf(g.stderr, "lab %s is up (%s): kubeconfig %s\nuse it: cozyctl lab kubectl --name %s -- get nodes\n",
+				c.Name, res.Accel, res.Kubeconfig, c.Name)
 			return g.Print(labResult{res})
 		},
 	}
@@ -174,7 +182,13 @@ func newLabStatusCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Co
 			if err != nil {
 				return err
 			}
-			return g.Print(labStatus(st))
+			if err := g.Print(labStatus(st)); err != nil {
+				return err
+			}
+			for _, p := range lab.ImageProblems(cmd.Context(), c) {
+				fmt.Fprintln(g.stderr, "image not pulled:", p)
+			}
+			return nil
 		},
 	}
 }
@@ -204,11 +218,12 @@ func newLabConsoleCommand(g *Globals, load func() (*lab.Config, error)) *cobra.C
 	}
 }
 
-// labImage builds (or finds, cached) the emulated node image: the Debian
-// kernel of $COZY_BOOT_ASSETS, busybox, cozy-talos-node from next to this
-// cozyctl, and etcd and kube-apiserver from $KUBEBUILDER_ASSETS. `make lab`
-// sets both variables.
-func labImage(ctx context.Context, c *lab.Config) (lab.Image, error) {
+// labImage builds (or finds, cached) the emulated node image: Debian's
+// kernel, busybox, cozy-talos-node from next to this cozyctl, and the
+// Kubernetes binaries, containerd and the CNI plugins, each from the
+// cache, built first if the cache lacks them (hack's scripts, with their
+// progress on stderr).
+func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (lab.Image, error) {
 	if c.Image == "talos" {
 		return lab.TalosImage(ctx, c, nil)
 	}
@@ -220,9 +235,69 @@ func labImage(ctx context.Context, c *lab.Config) (lab.Image, error) {
 	if _, err := os.Stat(node); err != nil {
 		return lab.Image{}, fmt.Errorf("the emulated node binary: %w (make build writes it next to cozyctl)", err)
 	}
-	img, err := nodeimage.Build(ctx, nodeimage.Options{NodeBinary: node})
+	o := nodeimage.Options{NodeBinary: node, CacheDir: filepath.Join(cacheDir(), "lab", "images")}
+	for _, b := range []struct {
+		dir    *string
+		script string
+	}{{&o.KernelDir, scriptKernel}, {&o.KubernetesDir, scriptKubernetes}, {&o.RuntimeDir, scriptRuntime}} {
+		if *b.dir, err = runBuildScript(ctx, b.script, progress); err != nil {
+			return lab.Image{}, err
+		}
+	}
+	img, err := nodeimage.Build(ctx, o)
 	if err != nil {
-		return lab.Image{}, fmt.Errorf("%w (make lab sets COZY_BOOT_ASSETS and KUBEBUILDER_ASSETS)", err)
+		return lab.Image{}, err
 	}
 	return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+}
+
+// cacheDir is where builds are cached: $COZY_CACHE_DIR, default
+// ~/.cache/cozy, as hack's scripts and make use it.
+func cacheDir() string {
+	if d := os.Getenv("COZY_CACHE_DIR"); d != "" {
+		return d
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = "/root"
+	}
+	return filepath.Join(home, ".cache", "cozy")
+}
+
+func newLabKubectlCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "kubectl -- ARGS...",
+		Short: "Run kubectl against the lab's cluster, inside its network, with its kubeconfig",
+		Long: `Runs kubectl (built with the lab's other Kubernetes binaries, from the cache)
+inside the lab's network namespace, where the cluster's API is, with the
+kubeconfig the bootstrap fetched. Everything after -- goes to kubectl.`,
+		Example: `  cozyctl lab kubectl -- get nodes -o wide
+  cozyctl lab kubectl -- -n kube-system logs deploy/coredns`,
+		DisableFlagParsing: false,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := load()
+			if err != nil {
+				return err
+			}
+			k8s, err := runBuildScript(cmd.Context(), scriptKubernetes, g.stderr)
+			if err != nil {
+				return err
+			}
+			kc := filepath.Join(c.Dir, lab.StateDir, bootstrap.KubeconfigFile)
+			if _, err := os.Stat(kc); err != nil {
+				return fmt.Errorf("lab %s has no kubeconfig yet (%w): is it bootstrapped? cozyctl lab status --name %s", c.Name, err, c.Name)
+			}
+			kubectl := exec.CommandContext(cmd.Context(), "ip", append([]string{"netns", "exec", lab.Namespace(c.Name),
+				filepath.Join(k8s, "kubectl"), "--kubeconfig", kc}, args...)...)
+			kubectl.Stdin, kubectl.Stdout, kubectl.Stderr = cmd.InOrStdin(), g.stdout, g.stderr
+			if err := kubectl.Run(); err != nil {
+				var exit *exec.ExitError
+				if errors.As(err, &exit) {
+					return exitCode(exit.ExitCode())
+				}
+				return err
+			}
+			return nil
+		},
+	}
 }

@@ -36,7 +36,15 @@ wait_for() {
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mkdir -p /run /tmp /mnt/disk
+mkdir -p /run /tmp /mnt/disk /dev/pts /dev/shm
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+mount -t tmpfs -o mode=1777 shm /dev/shm
+# cgroup v2, as on Talos, with every controller available to the
+# kubelet's and containerd's cgroups.
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+	echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control || log "cgroup controller $c not enabled"
+done
 log "kernel $(uname -r) booted; initramfs unpacked"
 
 bootif=
@@ -118,10 +126,14 @@ boots=$(($(cat /mnt/disk/boots 2>/dev/null || echo 0) + 1))
 echo "$boots" >/mnt/disk/boots
 log "vda mounted on /mnt/disk; boot $boots of this disk"
 
-# The state is stopped before the machine goes down: etcd and
-# kube-apiserver died with the node, so the disk can be unmounted.
+# The state is stopped before the machine goes down: what the node ran
+# died with it, so the disk can be unmounted (its system directories
+# and pods' mounts first).
 release_disk() {
 	sync
+	for m in $(awk '$2 ~ "^/(var|etc|run)/" { print $2 }' /proc/mounts | sort -r); do
+		umount -l "$m" 2>/dev/null
+	done
 	umount /mnt/disk 2>/dev/null || mount -o remount,ro /mnt/disk
 	sync
 }
@@ -130,7 +142,7 @@ while :; do
 	log "starting cozy-talos-node"
 	# shellcheck disable=SC2086 # $disks and $debug are lists of flags
 	cozy-talos-node --address "$ip/$mask" --mac "$mac" --uuid "$uuid" $disks \
-		--state-dir /mnt/disk/node --etcd /bin/etcd --kube-apiserver /bin/kube-apiserver \
+		--state-dir /mnt/disk/node --platform metal --node-services --cni-bin-dir /opt/cni/bin \
 		--reboot exit $debug
 	rc=$?
 	case $rc in

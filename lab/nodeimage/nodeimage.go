@@ -5,7 +5,10 @@
 // drivers, takes the boot NIC's address from the rack's DHCP server, reads
 // the SMBIOS UUID, keeps the node's state on the VM's disk (vda, ext2,
 // made on first boot), and turns the node's reboots and power-offs into
-// the VM's. etcd and kube-apiserver ride along for control planes.
+// the VM's. Everything a Talos node starts rides along: containerd, runc
+// (Debian's, with the libraries it links) and the CNI plugins, kubelet,
+// and for control planes etcd, kube-apiserver, the controller-manager and
+// the scheduler.
 //
 // Images are reproducible and cached, keyed by a hash of every input, so
 // a second Build with the same inputs returns at once.
@@ -48,7 +51,7 @@ const (
 
 // format is part of every key: bump it when the image's layout changes in
 // a way the inputs do not show.
-const format = "2"
+const format = "3"
 
 var (
 	//go:embed init.sh
@@ -57,28 +60,40 @@ var (
 	udhcpcScript string
 )
 
-// Options are the inputs of an image. Empty fields take their defaults.
+// Options are the inputs of an image. Only Busybox and CacheDir have
+// defaults: the caller resolves where the rest was built.
 type Options struct {
 	// KernelDir is what hack/boot-assets.sh prints: vmlinuz, modules/*.ko
-	// (virtio NIC and disk, ext4) and modules.order. Default
-	// $COZY_BOOT_ASSETS.
+	// (virtio NIC and disk, ext4, and what a Kubernetes node needs:
+	// overlayfs, bridge, vxlan, nf_tables, …) and modules.order.
 	KernelDir string
 	// NodeBinary is a statically linked cozy-talos-node (make build writes
-	// bin/cozy-talos-node). Required.
+	// bin/cozy-talos-node).
 	NodeBinary string
 	// Busybox is a statically linked busybox (Debian busybox-static).
 	// Default /bin/busybox.
 	Busybox string
-	// EtcdBinary and APIServerBinary run on bootstrapped control planes;
-	// statically linked. Default $KUBEBUILDER_ASSETS/etcd and
-	// $KUBEBUILDER_ASSETS/kube-apiserver (hack/envtest-assets.sh).
-	EtcdBinary      string
-	APIServerBinary string
-	// CacheDir holds one directory per image, named by its key. Default
-	// $COZY_CACHE_DIR/lab/images, COZY_CACHE_DIR defaulting to
-	// ~/.cache/cozy.
+	// KubernetesDir holds etcd, kube-apiserver, kube-controller-manager,
+	// kube-scheduler and kubelet, statically linked (the directory
+	// hack/envtest-assets.sh prints).
+	KubernetesDir string
+	// RuntimeDir holds bin/containerd, bin/containerd-shim-runc-v2 and the
+	// CNI plugins in cni/bin (the directory hack/node-assets.sh prints).
+	RuntimeDir string
+	// Runc is the runc binary; dynamically linked ones bring their
+	// libraries. Default /usr/sbin/runc (Debian's runc).
+	Runc string
+	// CacheDir holds one directory per image, named by its key.
 	CacheDir string
 }
+
+// KubernetesBinaries are the programs of Options.KubernetesDir the image
+// carries.
+var KubernetesBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+
+// CNIPlugins are the CNI plugins the image carries in /opt/cni/bin, as
+// Talos ships them: what flannel's CNI config delegates to.
+var CNIPlugins = []string{"bridge", "flannel", "host-local", "loopback", "portmap"}
 
 // Image is a built node image.
 //
@@ -104,37 +119,25 @@ type Image struct {
 func (o Options) withDefaults() (Options, error) {
 	var errs []error
 	if o.KernelDir == "" {
-		o.KernelDir = os.Getenv("COZY_BOOT_ASSETS")
-		if o.KernelDir == "" {
-			errs = append(errs, errors.New("no kernel: set COZY_BOOT_ASSETS to the directory hack/boot-assets.sh prints"))
-		}
+		errs = append(errs, errors.New("no kernel: give the directory hack/boot-assets.sh prints"))
 	}
 	if o.NodeBinary == "" {
 		errs = append(errs, errors.New("no cozy-talos-node binary: build one with make build (bin/cozy-talos-node)"))
 	}
+	if o.KubernetesDir == "" {
+		errs = append(errs, errors.New("no Kubernetes binaries: give the directory hack/envtest-assets.sh prints"))
+	}
+	if o.RuntimeDir == "" {
+		errs = append(errs, errors.New("no containerd and CNI plugins: give the directory hack/node-assets.sh prints"))
+	}
+	if o.CacheDir == "" {
+		errs = append(errs, errors.New("no cache directory for node images"))
+	}
 	if o.Busybox == "" {
 		o.Busybox = "/bin/busybox"
 	}
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if (o.EtcdBinary == "" || o.APIServerBinary == "") && assets == "" {
-		errs = append(errs, errors.New("no etcd and kube-apiserver: set KUBEBUILDER_ASSETS to the directory hack/envtest-assets.sh prints"))
-	}
-	if o.EtcdBinary == "" {
-		o.EtcdBinary = filepath.Join(assets, "etcd")
-	}
-	if o.APIServerBinary == "" {
-		o.APIServerBinary = filepath.Join(assets, "kube-apiserver")
-	}
-	if o.CacheDir == "" {
-		root := os.Getenv("COZY_CACHE_DIR")
-		if root == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("no cache directory: set COZY_CACHE_DIR (%w)", err))
-			}
-			root = filepath.Join(home, ".cache", "cozy")
-		}
-		o.CacheDir = filepath.Join(root, "lab", "images")
+	if o.Runc == "" {
+		o.Runc = "/usr/sbin/runc"
 	}
 	return o, errors.Join(errs...)
 }
@@ -159,8 +162,23 @@ func (o Options) inputs() ([]file, error) {
 		{src: filepath.Join(o.KernelDir, "vmlinuz")},
 		{src: o.Busybox, dst: "bin/busybox", mode: 0o755, static: true},
 		{src: o.NodeBinary, dst: "bin/cozy-talos-node", mode: 0o755, static: true},
-		{src: o.EtcdBinary, dst: "bin/etcd", mode: 0o755, static: true},
-		{src: o.APIServerBinary, dst: "bin/kube-apiserver", mode: 0o755, static: true},
+	}
+	for _, b := range KubernetesBinaries {
+		files = append(files, file{src: filepath.Join(o.KubernetesDir, b), dst: "bin/" + b, mode: 0o755, static: true})
+	}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2"} {
+		files = append(files, file{src: filepath.Join(o.RuntimeDir, "bin", b), dst: "bin/" + b, mode: 0o755, static: true})
+	}
+	for _, p := range CNIPlugins {
+		files = append(files, file{src: filepath.Join(o.RuntimeDir, "cni", "bin", p), dst: "opt/cni/bin/" + p, mode: 0o755, static: true})
+	}
+	files = append(files, file{src: o.Runc, dst: "bin/runc", mode: 0o755})
+	libs, err := sharedLibraries(o.Runc)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range libs {
+		files = append(files, file{src: l.src, dst: l.dst, mode: 0o755})
 	}
 	modules := strings.Fields(string(order))
 	for _, m := range []string{"virtio_net.ko", "virtio_blk.ko", "ext4.ko"} {
@@ -346,7 +364,7 @@ func build(ctx context.Context, cacheDir, dir string, files []file, gen map[stri
 	// LZ4: every boot of every machine unpacks it, and under TCG that is
 	// 1.6 s where gzip takes 6.3 s (see initramfs.LZ4).
 	a := initramfs.Archive{Compression: initramfs.LZ4}
-	for _, d := range []string{"bin", "dev", "etc", "lib/modules", "mnt/disk", "proc", "root", "run", "sys", "tmp"} {
+	for _, d := range imageDirs(files) {
 		a.Dir(d, 0o755)
 	}
 	a.Symlink("bin/sh", "busybox")
@@ -418,4 +436,88 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// imageDirs are the directories of the initramfs: the system's, and every
+// parent of a file, parents first.
+func imageDirs(files []file) []string {
+	dirs := []string{"bin", "dev", "etc", "lib", "lib/modules", "mnt", "mnt/disk", "opt", "proc", "root", "run", "sys", "tmp"}
+	for _, f := range files {
+		for d := filepath.Dir(f.dst); d != "." && d != "/" && f.dst != ""; d = filepath.Dir(d) {
+			if !slices.Contains(dirs, d) {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	slices.SortFunc(dirs, func(a, b string) int {
+		if c := strings.Count(a, "/") - strings.Count(b, "/"); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return dirs
+}
+
+// libDirs are where the dynamic loader of a Debian amd64 system finds
+// libraries.
+var libDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/lib", "/usr/lib"}
+
+// sharedLibraries lists what a dynamically linked binary needs to run in
+// the initramfs: its loader and every library it links, recursively, each
+// at the path the loader looks for it (symlinks resolved to their
+// content). A static binary needs none.
+func sharedLibraries(bin string) ([]file, error) {
+	var out []file
+	seen := map[string]bool{}
+	var visit func(path string, root bool) error
+	visit = func(path string, root bool) error {
+		f, err := elf.Open(path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		defer f.Close()
+		if root {
+			for _, p := range f.Progs {
+				if p.Type != elf.PT_INTERP {
+					continue
+				}
+				data, err := io.ReadAll(p.Open())
+				if err != nil {
+					return fmt.Errorf("%s: interpreter: %w", path, err)
+				}
+				interp := strings.TrimRight(string(data), "\x00")
+				seen[interp] = true
+				out = append(out, file{src: interp, dst: strings.TrimPrefix(interp, "/")})
+			}
+		}
+		needed, err := f.ImportedLibraries()
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		for _, lib := range needed {
+			found := ""
+			for _, d := range libDirs {
+				if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
+					found = filepath.Join(d, lib)
+					break
+				}
+			}
+			if found == "" {
+				return fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libDirs)
+			}
+			if seen[found] {
+				continue
+			}
+			seen[found] = true
+			out = append(out, file{src: found, dst: strings.TrimPrefix(found, "/")})
+			if err := visit(found, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := visit(bin, true); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

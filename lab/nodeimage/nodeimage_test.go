@@ -68,13 +68,23 @@ func fakeInputs(t *testing.T) Options {
 		order = append(order, m)
 	}
 	write("kernel/modules.order", []byte(strings.Join(order, "\n")+"\n"))
+	for _, b := range KubernetesBinaries {
+		write("k8s/"+b, fakeELF(false, b))
+	}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2"} {
+		write("runtime/bin/"+b, fakeELF(false, b))
+	}
+	for _, p := range CNIPlugins {
+		write("runtime/cni/bin/"+p, fakeELF(false, "cni "+p))
+	}
 	return Options{
-		KernelDir:       filepath.Join(dir, "kernel"),
-		NodeBinary:      write("cozy-talos-node", fakeELF(false, "node")),
-		Busybox:         write("busybox", fakeELF(false, "busybox")),
-		EtcdBinary:      write("etcd", fakeELF(false, "etcd")),
-		APIServerBinary: write("kube-apiserver", fakeELF(false, "kube-apiserver")),
-		CacheDir:        filepath.Join(dir, "cache"),
+		KernelDir:     filepath.Join(dir, "kernel"),
+		NodeBinary:    write("cozy-talos-node", fakeELF(false, "node")),
+		Busybox:       write("busybox", fakeELF(false, "busybox")),
+		KubernetesDir: filepath.Join(dir, "k8s"),
+		RuntimeDir:    filepath.Join(dir, "runtime"),
+		Runc:          write("runc", fakeELF(false, "runc")),
+		CacheDir:      filepath.Join(dir, "cache"),
 	}
 }
 
@@ -149,6 +159,10 @@ func TestImageContents(t *testing.T) {
 		"bin/cozy-talos-node":       {file | 0o755, string(fakeELF(false, "node"))},
 		"bin/etcd":                  {file | 0o755, string(fakeELF(false, "etcd"))},
 		"bin/kube-apiserver":        {file | 0o755, string(fakeELF(false, "kube-apiserver"))},
+		"bin/kubelet":               {file | 0o755, string(fakeELF(false, "kubelet"))},
+		"bin/containerd":            {file | 0o755, string(fakeELF(false, "containerd"))},
+		"bin/runc":                  {file | 0o755, string(fakeELF(false, "runc"))},
+		"opt/cni/bin/flannel":       {file | 0o755, string(fakeELF(false, "cni flannel"))},
 		"lib/modules/ext4.ko":       {file | 0o644, "module ext4.ko"},
 		"lib/modules/virtio_blk.ko": {file | 0o644, "module virtio_blk.ko"},
 		"lib/modules/modules.order": {file | 0o644, "virtio_ring.ko\nvirtio_net.ko\nvirtio_blk.ko\njbd2.ko\next4.ko\n"},
@@ -172,7 +186,7 @@ func TestImageContents(t *testing.T) {
 	if !strings.Contains(init.data, fmt.Sprintf("\n\t%d)\n", talosnode.RebootExitCode)) || strings.Contains(init.data, "@REBOOT_EXIT_CODE@") {
 		t.Errorf("init does not map cozy-talos-node's reboot status %d to a reboot", talosnode.RebootExitCode)
 	}
-	for _, flag := range []string{"--reboot exit", "--state-dir /mnt/disk/node", "--etcd /bin/etcd", "--kube-apiserver /bin/kube-apiserver", "reboot -f", "poweroff -f"} {
+	for _, flag := range []string{"--reboot exit", "--state-dir /mnt/disk/node", "--platform metal", "--node-services", "--cni-bin-dir /opt/cni/bin", "mount -t cgroup2", "reboot -f", "poweroff -f"} {
 		if !strings.Contains(init.data, flag) {
 			t.Errorf("init lacks %q", flag)
 		}
@@ -233,8 +247,9 @@ func TestBuildCache(t *testing.T) {
 		func(o Options) string { return filepath.Join(o.KernelDir, "modules", "ext4.ko") },
 		func(o Options) string { return o.NodeBinary },
 		func(o Options) string { return o.Busybox },
-		func(o Options) string { return o.EtcdBinary },
-		func(o Options) string { return o.APIServerBinary },
+		func(o Options) string { return filepath.Join(o.KubernetesDir, "kubelet") },
+		func(o Options) string { return filepath.Join(o.RuntimeDir, "cni", "bin", "bridge") },
+		func(o Options) string { return o.Runc },
 	} {
 		o := fakeInputs(t)
 		base, err := Build(ctx, o)
@@ -296,7 +311,7 @@ func TestBuildRefuses(t *testing.T) {
 			}
 		}, "dynamically linked"},
 		{"not a binary", func(t *testing.T, o *Options) {
-			if err := os.WriteFile(o.EtcdBinary, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			if err := os.WriteFile(filepath.Join(o.KubernetesDir, "etcd"), []byte("#!/bin/sh\n"), 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}, "statically linked x86-64"},
@@ -305,8 +320,10 @@ func TestBuildRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "lack virtio_blk.ko: run hack/boot-assets.sh"},
-		{"no kernel dir", func(t *testing.T, o *Options) { o.KernelDir = ""; t.Setenv("COZY_BOOT_ASSETS", "") }, "COZY_BOOT_ASSETS"},
-		{"no etcd", func(t *testing.T, o *Options) { o.EtcdBinary = ""; t.Setenv("KUBEBUILDER_ASSETS", "") }, "KUBEBUILDER_ASSETS"},
+		{"no kernel dir", func(t *testing.T, o *Options) { o.KernelDir = "" }, "hack/boot-assets.sh"},
+		{"no Kubernetes binaries", func(t *testing.T, o *Options) { o.KubernetesDir = "" }, "hack/envtest-assets.sh"},
+		{"no kubelet", func(t *testing.T, o *Options) { _ = os.Remove(filepath.Join(o.KubernetesDir, "kubelet")) }, "kubelet"},
+		{"no containerd", func(t *testing.T, o *Options) { o.RuntimeDir = "" }, "hack/node-assets.sh"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -317,6 +334,33 @@ func TestBuildRefuses(t *testing.T) {
 				t.Errorf("Build: %v, want an error saying %q", err, tc.err)
 			}
 		})
+	}
+}
+
+// A dynamically linked runc (Debian's) brings its loader and libraries,
+// at the paths the loader looks for them.
+func TestSharedLibraries(t *testing.T) {
+	bin, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skip("no ls")
+	}
+	libs, err := sharedLibraries(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range libs {
+		names = append(names, l.dst)
+		if _, err := os.Stat(l.src); err != nil {
+			t.Errorf("%s: %v", l.src, err)
+		}
+	}
+	joined := strings.Join(names, " ")
+	if !strings.Contains(joined, "ld-linux-x86-64.so.2") || !strings.Contains(joined, "libc.so.6") {
+		t.Errorf("libraries of %s: %v, want the loader and libc", bin, names)
+	}
+	if libs, err := sharedLibraries(filepath.Join(fakeInputs(t).KubernetesDir, "kubelet")); err != nil || len(libs) != 0 {
+		t.Errorf("a static binary needs %v (%v), want nothing", libs, err)
 	}
 }
 

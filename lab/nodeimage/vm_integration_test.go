@@ -29,6 +29,7 @@ import (
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/lab/nodeimage"
 )
 
@@ -59,7 +60,7 @@ machines:
 `
 
 // TestNodeVM PXE-boots the node image in a QEMU VM (TCG, SeaBIOS, a
-// blank qcow2 disk, 1 GiB) from `cozyctl pxe serve --rack` in full DHCP
+// blank qcow2 disk, 3 GiB) from `cozyctl pxe serve --rack` in full DHCP
 // mode, finds it in maintenance mode with the VM's hardware through
 // Talos's client, applies a config from Cozy's generator, and finds it
 // configured after a real reboot of the VM (netbooted again, config read
@@ -72,11 +73,10 @@ func TestNodeVM(t *testing.T) {
 			prereq.Missing(t, "%s is not installed (see hack/install-deps.sh)", bin)
 		}
 	}
-	if os.Getenv("COZY_BOOT_ASSETS") == "" {
-		prereq.Missing(t, "COZY_BOOT_ASSETS is not set: run `make test`, or export COZY_BOOT_ASSETS=$(hack/boot-assets.sh)")
-	}
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		prereq.Missing(t, "KUBEBUILDER_ASSETS is not set: run make envtest, then export KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh)")
+	inputs := nodeimage.Options{
+		KernelDir:     testenv.BuiltDir(t, "COZY_BOOT_ASSETS", "hack/boot-assets.sh", "vmlinuz"),
+		KubernetesDir: testenv.AssetsDir(t),
+		RuntimeDir:    testenv.BuiltDir(t, "COZY_NODE_ASSETS", "hack/node-assets.sh", "bin/containerd"),
 	}
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		prereq.Missing(t, "static busybox (Debian busybox-static): %v", err)
@@ -94,7 +94,7 @@ func TestNodeVM(t *testing.T) {
 	_ = os.Remove(serial) // QEMU appends: a log from an earlier run would confuse the boot count
 
 	start := time.Now()
-	img := buildImage(t, dir)
+	img := buildImage(t, dir, inputs)
 	t.Logf("node image %s: initramfs %d MiB, built in %s", img.Key, fileSize(t, img.Initrd)>>20, time.Since(start).Round(time.Millisecond))
 
 	ns.IP(t, "link", "add", "br0", "type", "bridge")
@@ -133,7 +133,7 @@ func TestNodeVM(t *testing.T) {
 	qemuErr := &syncBuffer{}
 	qemu := ns.Command(ctx, "qemu-system-x86_64",
 		"-accel", "tcg", // KVM breaks real-mode firmware on these machines (DESIGN.md)
-		"-machine", "pc", "-m", "1024", "-smp", "2", "-uuid", vmUUID,
+		"-machine", "pc", "-m", "3072", "-smp", "2", "-uuid", vmUUID,
 		"-display", "none", "-monitor", "none", "-serial", "file:"+serial,
 		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0,mac="+vmMAC,
@@ -320,8 +320,8 @@ func TestNodeVM(t *testing.T) {
 }
 
 // buildImage builds cozy-talos-node statically, as make build does, and
-// the image from it, in dir.
-func buildImage(t *testing.T, dir string) *nodeimage.Image {
+// the image from it and o's inputs, in dir.
+func buildImage(t *testing.T, dir string, o nodeimage.Options) *nodeimage.Image {
 	t.Helper()
 	node := filepath.Join(dir, "cozy-talos-node")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", node, "cozy.dev/cozy/cmd/cozy-talos-node")
@@ -329,7 +329,8 @@ func buildImage(t *testing.T, dir string) *nodeimage.Image {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build cozy-talos-node: %v\n%s", err, out)
 	}
-	img, err := nodeimage.Build(context.Background(), nodeimage.Options{NodeBinary: node, CacheDir: filepath.Join(dir, "images")})
+	o.NodeBinary, o.CacheDir = node, filepath.Join(dir, "images")
+	img, err := nodeimage.Build(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
