@@ -4,6 +4,7 @@ package netnstest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"testing"
 
+	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/prereq"
 )
 
@@ -61,8 +63,11 @@ func TestSweepsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("%s%d-1-orphan", prefix, dead.Process.Pid)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
+	// Through netns.Add, like every namespace Cozy makes: a bare `ip
+	// netns add` racing another package's first one can leave that
+	// package's namespace unenterable.
+	if err := netns.Add(context.Background(), name); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	sweepOrphans()

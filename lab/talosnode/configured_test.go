@@ -22,6 +22,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
+	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -239,10 +240,23 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 	})
 
 	t.Run("reset goes back to maintenance", func(t *testing.T) {
+		// A node without node services runs in the host's mount
+		// namespace: its reset must leave the host's mounts alone (once it
+		// unmounted everything below /run/netns, breaking every other
+		// test's network namespace).
+		var hostNS *netnstest.NS
+		if os.Geteuid() == 0 {
+			hostNS = netnstest.New(t, "reset")
+		}
 		if err := configClient(t, tc, n.endpoint()).Reset(ctx, true, true); err != nil {
 			t.Fatalf("Reset: %v", err)
 		}
 		waitMaintenance(t, n)
+		if hostNS != nil {
+			if err := hostNS.Do(func() error { return nil }); err != nil {
+				t.Errorf("the host's network namespace %s is gone after the node's reset: %v", hostNS.Name, err)
+			}
+		}
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the config survived the reset (stat: %v)", err)
 		}

@@ -35,6 +35,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/security"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
@@ -110,6 +111,9 @@ func (n *Node) Run(ctx context.Context) error {
 	n.spawn = newSpawner()
 	defer n.spawn.close()
 	defer n.stopControlPlane()
+	if n.cfg.NodeServices {
+		go n.reportCPU(ctx, time.Minute)
+	}
 	for {
 		b, err := n.boot(ctx)
 		if err != nil {
@@ -137,8 +141,14 @@ func (n *Node) Run(ctx context.Context) error {
 			n.log.Info("machine powered off")
 			return nil
 		case reset, resetOff:
-			if err := unmountBelow(systemDirs); err != nil {
-				return fmt.Errorf("reset: %w", err)
+			// Only a node that bound the system directories (in a mount
+			// namespace it owns: prepareMachine) unmounts below them.
+			// Anywhere else these are the host's: unmounting below its
+			// /run/netns would take every network namespace off the host.
+			if n.cfg.NodeServices {
+				if err := unmountBelow(systemDirs); err != nil {
+					return fmt.Errorf("reset: %w", err)
+				}
 			}
 			if err := wipe(n.cfg.StateDir); err != nil {
 				return fmt.Errorf("reset: %w", err)
@@ -216,6 +226,14 @@ func (n *Node) boot(ctx context.Context) (*booted, error) {
 	n.mu.Lock()
 	n.mode, n.machine, n.hostname, n.state = m, mc, hostname, st
 	n.mu.Unlock()
+	if n.cfg.NodeServices {
+		// The machine's hostname, as Talos sets it: its kubelet,
+		// controller-manager and scheduler name themselves after it.
+		// (prepareMachine made sure the node owns it.)
+		if err := unix.Sethostname([]byte(hostname)); err != nil {
+			n.log.Warn("set the hostname", "hostname", hostname, "err", err)
+		}
+	}
 
 	if m == maintenance {
 		return n.bootMaintenance(ctx, st, hostname)
@@ -310,11 +328,15 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 		b.work.Go(func() { n.runVIP(work, vip, hostname) })
 	}
 	if n.cfg.NodeServices {
-		// A node service that cannot start leaves the machine API up,
-		// as on Talos, to be looked at and fixed.
-		if err := n.startNodeServices(work, &b.work, mc, hostname); err != nil {
-			n.log.Error("node services failed to start", "err", err)
-		}
+		// In the background: containerd takes a while to answer on a
+		// slow machine, and the API serves meanwhile. A node service that
+		// cannot start leaves the machine API up, as on Talos, to be
+		// looked at and fixed.
+		b.work.Go(func() {
+			if err := n.startNodeServices(work, &b.work, mc, hostname); err != nil {
+				n.log.Error("node services failed to start", "err", err)
+			}
+		})
 	}
 	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
 		b.stop()
