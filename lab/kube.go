@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -125,8 +124,8 @@ func imagePullProblems(ctx context.Context, cs kubernetes.Interface) []string {
 		for _, st := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
 			if w := st.State.Waiting; w != nil && (w.Reason == "ImagePullBackOff" || w.Reason == "ErrImagePull") {
 				msg := w.Message
-				if i := strings.Index(msg, ": "); i > 0 && len(msg) > 200 {
-					msg = msg[:200]
+				if len(msg) > 200 {
+					msg = msg[:200] + "…"
 				}
 				out = append(out, fmt.Sprintf("%s/%s: %s %s (%s)", p.Namespace, p.Name, w.Reason, st.Image, msg))
 			}

@@ -47,16 +47,22 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 		nic += ",romfile="
 		machine = "q35"
 	}
-	// One vCPU under TCG: emulated CPUs of several VMs sharing a small
-	// host gain nothing from a second one, and a kernel bringing up a
-	// second CPU there was seen to hang before its console started.
+	// Under TCG a worker gets one vCPU: emulated CPUs of several VMs
+	// sharing a small host gain nothing from a second one. A control plane
+	// gets two (multi-threaded TCG runs each on a host thread): etcd, the
+	// API server, the controllers and a kubelet do not fit in one emulated
+	// CPU.
 	cpus := "1"
-	if accel == "kvm" {
+	if accel == "kvm" || m.Role == "controlplane" {
 		cpus = "2"
 	}
 	args := []string{
 		"-name", "cozy-lab-" + c.Name + "-" + m.Name,
 		"-machine", machine, "-accel", accel,
+		// Every CPU feature the accelerator offers: TCG's default CPU
+		// (qemu64) has no AES-NI, PCLMULQDQ or SSE4.2, so the TLS of
+		// every etcd and API request would run Go's slow generic code.
+		"-cpu", "max",
 		"-m", strconv.Itoa(c.MemoryMiB), "-smp", cpus, "-uuid", m.UUID,
 		"-display", "none", "-monitor", "none",
 		"-serial", "file:" + f.serial(),

@@ -98,6 +98,9 @@ log "address $ip/$mask on $nic"
 
 uuid=$(cat /sys/class/dmi/id/product_uuid 2>/dev/null)
 log "SMBIOS UUID ${uuid:-none}"
+# The machine's identity for the kubelet (its Node's systemUUID and
+# machine ID), as Talos derives it.
+[ -z "$uuid" ] || echo "$uuid" | tr -d '-' >/etc/machine-id
 
 # Disks: every virtio disk is reported; vda holds the node's state, as
 # Talos's system disk holds its config.

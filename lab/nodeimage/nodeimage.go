@@ -198,9 +198,13 @@ func (o Options) inputs() ([]file, error) {
 // generated are the files Build writes itself, besides the inputs.
 func generated(modulesOrder string) map[string]string {
 	return map[string]string{
-		"init":                      strings.ReplaceAll(initScript, "@REBOOT_EXIT_CODE@", strconv.Itoa(talosnode.RebootExitCode)),
-		"etc/udhcpc.script":         udhcpcScript,
-		"etc/hosts":                 "127.0.0.1 localhost\n::1 localhost\n",
+		"init":              strings.ReplaceAll(initScript, "@REBOOT_EXIT_CODE@", strconv.Itoa(talosnode.RebootExitCode)),
+		"etc/udhcpc.script": udhcpcScript,
+		"etc/hosts":         "127.0.0.1 localhost\n::1 localhost\n",
+		// The users and groups of a Talos root file system: kubelet and
+		// runc look names up.
+		"etc/passwd":                "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+		"etc/group":                 "root:x:0:\nnogroup:x:65534:\n",
 		"lib/modules/modules.order": modulesOrder,
 	}
 }

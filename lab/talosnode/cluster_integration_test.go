@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
@@ -45,15 +46,35 @@ const (
 
 // clusterNode is one node of the process-tier cluster.
 type clusterNode struct {
-	name, ip, mac string
-	ns            *netnstest.NS
-	stateDir      string
-	api           string // its Talos API, exposed on host loopback
-	cmd           *exec.Cmd
-	log           *os.File
+	name, role, ip, mac string
+	ns                  *netnstest.NS
+	stateDir            string
+	api                 string // its Talos API, exposed on host loopback
+	kubeAPI             string // its kube-apiserver, exposed on host loopback (control planes)
+	cmd                 *exec.Cmd
+	log                 *os.File
 }
 
-func TestClusterRunsPods(t *testing.T) {
+// procCluster is a process-tier cluster: its nodes, its Talos client
+// config and kubectl against its first control plane.
+type procCluster struct {
+	nodes   []*clusterNode
+	domain  string
+	talos   *clientconfig.Config
+	kubectl clustertest.Kubectl
+	// kubectlVia runs kubectl against another control plane's API.
+	kubectlVia func(n *clusterNode, args ...string) (string, error)
+}
+
+// startCluster builds the network (a bridge in a namespace of its own,
+// the mirror on its address, one veth per node with a default route
+// through the bridge, from which flannel picks its interface; nothing
+// routes further), starts one node per role given (controlplane or
+// worker), applies their configs from a rack with flannel and every image
+// through the mirror, bootstraps the first control plane and returns
+// once its API server answers.
+func startCluster(t *testing.T, ctx context.Context, roles ...string) *procCluster {
+	t.Helper()
 	assets := testenv.AssetsDir(t)
 	nodeAssets := testenv.BuiltDir(t, "COZY_NODE_ASSETS", "hack/node-assets.sh", "bin/containerd")
 	images := testenv.BuiltDir(t, "COZY_LAB_IMAGES", "hack/lab-images.sh", "index.json")
@@ -61,8 +82,6 @@ func TestClusterRunsPods(t *testing.T) {
 	if err != nil {
 		prereq.Missing(t, "runc is not installed (Debian runc; hack/install-deps.sh)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
 	if d, err := time.ParseDuration(os.Getenv("COZY_TEST_HOLD")); err == nil {
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -71,38 +90,48 @@ func TestClusterRunsPods(t *testing.T) {
 			}
 		})
 	}
-
-	// The network: a bridge in sw, the mirror on its address, one veth
-	// per node with a default route through the bridge (flannel picks its
-	// interface from it); nothing routes further.
 	sw := netnstest.New(t, "sw")
 	sw.IP(t, "link", "add", "br0", "type", "bridge")
 	sw.IP(t, "addr", "add", clusterSubnet+".1/24", "dev", "br0")
 	sw.IP(t, "link", "set", "br0", "up")
-	nodes := []*clusterNode{
-		{name: "cp1", ip: clusterSubnet + ".11", mac: "52:54:00:77:00:11"},
-		{name: "w1", ip: clusterSubnet + ".21", mac: "52:54:00:77:00:21"},
-	}
-	for _, n := range nodes {
+	var nodes []*clusterNode
+	var machines strings.Builder
+	cps, workers := 0, 0
+	for _, role := range roles {
+		n := &clusterNode{role: role}
+		if role == "controlplane" {
+			cps++
+			n.name, n.ip, n.mac = fmt.Sprintf("cp%d", cps), fmt.Sprintf("%s.%d", clusterSubnet, 10+cps), fmt.Sprintf("52:54:00:77:00:%02x", 0x10+cps)
+		} else {
+			workers++
+			n.name, n.ip, n.mac = fmt.Sprintf("w%d", workers), fmt.Sprintf("%s.%d", clusterSubnet, 20+workers), fmt.Sprintf("52:54:00:77:00:%02x", 0x20+workers)
+		}
 		n.ns = netnstest.New(t, n.name)
 		netnstest.Veth(t, n.ns, "eth0", n.ip+"/24", sw, "p-"+n.name, "")
 		n.ns.IP(t, "link", "set", "eth0", "address", n.mac)
 		sw.IP(t, "link", "set", "p-"+n.name, "master", "br0")
 		n.ns.IP(t, "route", "add", "default", "via", clusterSubnet+".1")
 		n.stateDir = t.TempDir()
+		nodes = append(nodes, n)
+		fmt.Fprintf(&machines, `  - hostname: %[1]s
+    role: %[2]s
+    mac: %[3]s
+    install: {disk: /dev/vda}
+    interfaces:
+      - mac: %[3]s
+        addresses: [%[4]s/24]
+`, n.name, role, n.mac, n.ip)
 	}
 	startMirror(t, sw, mirrorAddr, images)
 	t.Cleanup(talosnode.RemoveMountPoints) // after every node's own cleanup
 
-	// The rack: flannel as the CNI (kube-proxy with it), every image
-	// through the mirror.
 	r := parseRack(t, fmt.Sprintf(`apiVersion: cozy.dev/v1alpha1
 kind: Rack
 metadata:
   name: proc
 cluster:
   endpoint: https://%[1]s.11:6443
-  kubernetesVersion: %[5]s
+  kubernetesVersion: %[3]s
   cni: flannel
   allowSchedulingOnControlPlanes: false
 network:
@@ -111,21 +140,7 @@ network:
 registries:
   mirror: http://%[2]s
 machines:
-  - hostname: cp1
-    role: controlplane
-    mac: %[3]s
-    install: {disk: /dev/vda}
-    interfaces:
-      - mac: %[3]s
-        addresses: [%[1]s.11/24]
-  - hostname: w1
-    role: worker
-    mac: %[4]s
-    install: {disk: /dev/vda}
-    interfaces:
-      - mac: %[4]s
-        addresses: [%[1]s.21/24]
-`, clusterSubnet, mirrorAddr, nodes[0].mac, nodes[1].mac, kubernetesVersion(t, assets)))
+%[4]s`, clusterSubnet, mirrorAddr, kubernetesVersion(t, assets), machines.String()))
 	bundle, _, err := talosconfig.LoadOrCreateSecrets(filepath.Join(t.TempDir(), talosconfig.SecretsFile), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +150,6 @@ machines:
 	if err != nil {
 		t.Fatal(err)
 	}
-
 	for _, n := range nodes {
 		n.start(t, assets, nodeAssets, runc)
 	}
@@ -145,41 +159,58 @@ machines:
 			t.Fatal(err)
 		}
 		eventually(t, time.Minute, n.name+" in maintenance mode", func() error {
-			c := insecureClient(t, n.api)
-			_, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_REBOOT})
+			_, err := insecureClient(t, n.api).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_REBOOT})
 			return err
 		})
 	}
 	cp := nodes[0]
 	eventually(t, 2*time.Minute, "bootstrap cp1", func() error {
-		c := configClient(t, tc, cp.api)
-		return c.Bootstrap(ctx, &machine.BootstrapRequest{})
+		return configClient(t, tc, cp.api).Bootstrap(ctx, &machine.BootstrapRequest{})
 	})
 	var kubeconfig []byte
 	eventually(t, time.Minute, "kubeconfig", func() (err error) {
-		c := configClient(t, tc, cp.api)
-		kubeconfig, err = c.Kubeconfig(ctx)
+		kubeconfig, err = configClient(t, tc, cp.api).Kubeconfig(ctx)
 		return err
 	})
-	kc := exposedKubeconfig(t, cp, kubeconfig)
-	kubectl := func(args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kc, "--request-timeout", "20s"}, args...)...)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.role == "controlplane" {
+			n.kubeAPI = n.ns.Expose(t, net.JoinHostPort(n.ip, "6443"))
+		}
+	}
+	c := &procCluster{nodes: nodes, domain: r.Cluster.DNSDomain, talos: tc}
+	c.kubectlVia = func(n *clusterNode, args ...string) (string, error) {
+		// The API server's certificate names 127.0.0.1, where it is
+		// exposed.
+		cmd := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kc,
+			"--server", "https://" + n.kubeAPI, "--request-timeout", "20s"}, args...)...)
 		var out, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &stderr
-		err := cmd.Run()
-		if err != nil {
+		if err := cmd.Run(); err != nil {
 			return out.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
 		}
 		return out.String(), nil
 	}
+	c.kubectl = func(args ...string) (string, error) { return c.kubectlVia(cp, args...) }
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, args := range [][]string{{"get", "nodes", "-o", "wide"}, {"get", "pods", "-A", "-o", "wide"}, {"get", "events", "-A"}} {
-				out, err := kubectl(args...)
+				out, err := c.kubectl(args...)
 				t.Logf("kubectl %s:\n%s%v", strings.Join(args, " "), out, err)
 			}
 		}
 	})
+	return c
+}
+
+func TestClusterRunsPods(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx, "controlplane", "worker")
+	kubectl := c.kubectl
 
 	// Every node joins with the bootstrap token and becomes Ready: the
 	// CNI runs on it.
@@ -228,7 +259,99 @@ machines:
 	// A pod from the mirror on each node: DNS, Services, pod to pod
 	// across nodes, logs and exec.
 	pods := clustertest.RunProbes(t, kubectl, []string{"cp1", "w1"}, 5*time.Minute)
-	clustertest.CheckWorkloads(t, kubectl, pods, r.Cluster.DNSDomain)
+	clustertest.CheckWorkloads(t, kubectl, pods, c.domain)
+
+	// An image the mirror lacks: the pod waits on its pull, and says
+	// which image.
+	if out, err := kubectl("run", "missing", "--image", "registry.k8s.io/not-mirrored:v1", "--overrides",
+		`{"spec":{"nodeName":"w1"}}`, "--restart", "Never"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	eventually(t, 2*time.Minute, "the pod of a missing image waits on its pull", func() error {
+		out, err := kubectl("get", "pod", "missing", "-o", `jsonpath={.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].image}`)
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(out, "ErrImagePull ") && !strings.HasPrefix(out, "ImagePullBackOff ") || !strings.HasSuffix(out, "registry.k8s.io/not-mirrored:v1") {
+			return fmt.Errorf("pod missing: %q", out)
+		}
+		return nil
+	})
+}
+
+// TestControlPlaneLeasesMove: with three control planes the
+// controller-manager and the scheduler elect a leader; when the leader's
+// machine shuts down, another control plane takes each lease over.
+func TestControlPlaneLeasesMove(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx, "controlplane", "controlplane", "controlplane")
+	holders := func(via *clusterNode) (map[string]string, error) {
+		out, err := c.kubectlVia(via, "-n", "kube-system", "get", "leases", "kube-controller-manager", "kube-scheduler",
+			"-o", `jsonpath={range .items[*]}{.metadata.name}={.spec.holderIdentity}{"\n"}{end}`)
+		if err != nil {
+			return nil, err
+		}
+		h := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if name, holder, ok := strings.Cut(line, "="); ok && holder != "" {
+				// holderIdentity is HOSTNAME_UUID.
+				h[name], _, _ = strings.Cut(holder, "_")
+			}
+		}
+		if len(h) != 2 {
+			return nil, fmt.Errorf("leases: %q", out)
+		}
+		return h, nil
+	}
+	eventually(t, 8*time.Minute, "three control planes registered", func() error {
+		out, err := c.kubectl("get", "nodes", "-o", "name")
+		if err != nil {
+			return err
+		}
+		if n := strings.Count(out, "node/cp"); n != 3 {
+			return fmt.Errorf("%d control planes: %s", n, out)
+		}
+		return nil
+	})
+	var before map[string]string
+	eventually(t, 3*time.Minute, "the leases held", func() (err error) {
+		before, err = holders(c.nodes[0])
+		return err
+	})
+	t.Logf("leases before: %v", before)
+	// Shut the leader down through the Talos API: the controller-manager's
+	// (often the scheduler's too: they start together).
+	var leader, survivor *clusterNode
+	for _, n := range c.nodes {
+		if n.name == before["kube-controller-manager"] {
+			leader = n
+		} else if survivor == nil {
+			survivor = n
+		}
+	}
+	if before["kube-scheduler"] != before["kube-controller-manager"] {
+		t.Logf("the scheduler's lease is on %s, not the leader: only the controller-manager's moves", before["kube-scheduler"])
+	}
+	if leader == nil {
+		t.Fatalf("the controller-manager's lease is held by %q, not a control plane", before["kube-controller-manager"])
+	}
+	if err := configClient(t, c.talos, leader.api).Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown %s: %v", leader.name, err)
+	}
+	eventually(t, 3*time.Minute, "the leases moved off "+leader.name, func() error {
+		after, err := holders(survivor)
+		if err != nil {
+			return err
+		}
+		for lease, h := range after {
+			if h == leader.name {
+				return fmt.Errorf("%s still held by %s", lease, h)
+			}
+		}
+		t.Logf("leases after %s shut down: %v", leader.name, after)
+		return nil
+	})
 }
 
 // startMirror serves a registry on addr inside ns (the cluster's bridge)
@@ -306,20 +429,6 @@ func (n *clusterNode) start(t *testing.T, assets, nodeAssets, runc string) {
 			}
 		}
 	})
-}
-
-// exposedKubeconfig rewrites the kubeconfig's server to the control
-// plane's API server exposed on host loopback (its certificate names
-// 127.0.0.1).
-func exposedKubeconfig(t *testing.T, cp *clusterNode, kubeconfig []byte) string {
-	t.Helper()
-	local := cp.ns.Expose(t, net.JoinHostPort(cp.ip, "6443"))
-	s := strings.Replace(string(kubeconfig), "https://"+cp.ip+":6443", "https://"+local, 1)
-	f := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
 }
 
 func parseRack(t *testing.T, doc string) *rack.Rack {

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +24,8 @@ import (
 	"time"
 
 	"github.com/siderolabs/crypto/x509"
+
+	"cozy.dev/cozy/internal/procstat"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -103,12 +106,24 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 			cp.wg.Wait()
 			return nil, err
 		}
-		for _, comp := range comps {
-			api.Go(func() {
-				supervise(apiCtx, cp.log, spawn, comp.name, comp.bin, comp.args, filepath.Join(c.StateDir, LogDir, comp.name+".log"))
-			})
-		}
-		api.Go(func() { cp.applyBootstrapManifests(apiCtx, mc) })
+		// They start once the local API server is ready, as static pods
+		// would start serving: until then they only fail, and under
+		// emulation each failed start costs the API server CPU it needs
+		// to come up.
+		api.Go(func() {
+			if err := waitAPIReady(apiCtx, mc); err != nil {
+				return
+			}
+			cp.log.Info("kube-apiserver ready: starting the controller-manager and the scheduler, applying the bootstrap manifests")
+			var wg sync.WaitGroup
+			for _, comp := range comps {
+				wg.Go(func() {
+					supervise(apiCtx, cp.log, spawn, comp.name, comp.bin, comp.args, filepath.Join(c.StateDir, LogDir, comp.name+".log"))
+				})
+			}
+			wg.Go(func() { cp.applyBootstrapManifests(apiCtx, mc) })
+			wg.Wait()
+		})
 	}
 	cp.halt = func() {
 		stopAPI()
@@ -421,25 +436,36 @@ func supervise(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin 
 }
 
 // superviseEnv is supervise with an environment for the program.
+//
+// A program that keeps failing waits longer before each restart (2 s,
+// doubling up to 30 s, as kubelet's crash-loop back-off does), so a
+// restart loop does not starve the rest of a small machine; one that ran
+// for a minute starts over at 2 s.
 func superviseEnv(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args, env []string, logPath string) {
+	wait := 2 * time.Second
 	for {
-		err := runOnce(ctx, spawn, bin, args, env, logPath)
+		started := time.Now()
+		err := runOnce(ctx, spawn, name, bin, args, env, logPath)
 		if ctx.Err() != nil {
 			return
 		}
-		log.Warn("process exited; restarting", "process", name, "err", err, "log", logPath)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(2 * time.Second):
+		if time.Since(started) > time.Minute {
+			wait = 2 * time.Second
 		}
+		// The log's last lines say why: on a lab VM the serial console,
+		// where this goes, is all there is to read.
+		log.Warn("process exited; restarting", "process", name, "err", err, "in", wait, "log", logPath, "tail", logTail(logPath, 3))
+		if !sleep(ctx, wait) {
+			return
+		}
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 
 // stopTimeout is how long a child gets to exit after SIGTERM.
 const stopTimeout = 10 * time.Second
 
-func runOnce(ctx context.Context, spawn *spawner, bin string, args, env []string, logPath string) error {
+func runOnce(ctx context.Context, spawn *spawner, name, bin string, args, env []string, logPath string) error {
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -456,6 +482,8 @@ func runOnce(ctx context.Context, spawn *spawner, bin string, args, env []string
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	spawn.running(name, cmd.Process.Pid)
+	defer spawn.running(name, 0)
 	select {
 	case err := <-done:
 		return err
@@ -479,6 +507,39 @@ func runOnce(ctx context.Context, spawn *spawner, bin string, args, env []string
 type spawner struct {
 	reqs chan spawnRequest
 	done chan struct{}
+
+	mu    sync.Mutex
+	procs map[string]int // running programs by name: for the CPU report
+}
+
+// running records that the program name runs as pid (0: it stopped).
+func (s *spawner) running(name string, pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.procs == nil {
+		s.procs = map[string]int{}
+	}
+	if pid == 0 {
+		delete(s.procs, name)
+	} else {
+		s.procs[name] = pid
+	}
+}
+
+// cpu is the CPU time each running program has used.
+func (s *spawner) cpu() map[string]time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]time.Duration{}
+	for name, pid := range s.procs {
+		if d, err := procstat.CPU(pid); err == nil {
+			out[name] = d
+		}
+	}
+	if d, err := procstat.CPU(os.Getpid()); err == nil {
+		out["cozy-talos-node"] = d
+	}
+	return out
 }
 
 type spawnRequest struct {
@@ -549,32 +610,102 @@ func controlPlaneComponents(c Config, mc config.Config, pki controlPlaneFiles) (
 	return comps, nil
 }
 
-// applyBootstrapManifests creates the bootstrap manifests once the API
-// answers, retrying until they are in, as Talos's manifest controller
-// does on every control plane (creating only what is missing, so control
-// planes do not fight).
+// applyBootstrapManifests creates the bootstrap manifests, retrying
+// until they are in, as Talos's manifest controller does on every control
+// plane (creating only what is missing, so control planes do not fight).
 func (cp *controlPlane) applyBootstrapManifests(ctx context.Context, mc config.Config) {
 	rendered, err := renderManifests(mc)
 	if err == nil {
 		var objs []*unstructured.Unstructured
 		if objs, err = manifestObjects(rendered); err == nil {
-			for {
-				var cfg *rest.Config
-				if cfg, err = adminRESTConfig(mc, localAPIEndpoint(mc)); err != nil {
-					break
+			err = retry(ctx, func() error {
+				cfg, err := adminRESTConfig(mc, localAPIEndpoint(mc))
+				if err != nil {
+					return err
 				}
-				var created int
-				created, err = applyManifests(ctx, cfg, objs)
+				created, err := applyManifests(ctx, cfg, objs)
 				if err == nil {
 					cp.log.Info("bootstrap manifests applied", "objects", len(objs), "created", created)
-					return
+				} else {
+					cp.log.Debug("bootstrap manifests: not yet", "err", err)
 				}
-				cp.log.Debug("bootstrap manifests: not yet", "err", err)
-				if !sleep(ctx, 3*time.Second) {
-					return
-				}
+				return err
+			})
+			if ctx.Err() != nil {
+				return
 			}
 		}
 	}
-	cp.log.Error("bootstrap manifests cannot be applied", "err", err)
+	if err != nil {
+		cp.log.Error("bootstrap manifests cannot be applied", "err", err)
+	}
+}
+
+// waitAPIReady polls the local API server's /readyz, as the node's own
+// admin, on one connection, until it answers ok or ctx ends.
+func waitAPIReady(ctx context.Context, mc config.Config) error {
+	cfg, err := adminRESTConfig(mc, "https://"+net.JoinHostPort("localhost", strconv.Itoa(apiServerPort(mc))))
+	if err != nil {
+		return err
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := hc.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !sleep(ctx, 2*time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+// retry runs f until it succeeds or ctx ends, waiting 2 s after the first
+// failure and twice as long after each next one, up to 30 s.
+func retry(ctx context.Context, f func() error) error {
+	wait := 2 * time.Second
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// logTail is the last n lines of a log file, each cut to 300 bytes.
+func logTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window = 8 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > window {
+		_, _ = f.Seek(fi.Size()-window, 0)
+	}
+	data, _ := io.ReadAll(f)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	for i, l := range lines {
+		if len(l) > 300 {
+			lines[i] = l[:300] + "…"
+		}
+	}
+	return strings.Join(lines, "\n")
 }

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+
+	"k8s.io/klog/v2"
 )
 
 // Main is the cozy-talos-node command: it parses args into a Config, runs
@@ -38,6 +40,10 @@ func Main(args []string, stderr io.Writer) int {
 		return inMountNamespace(args, stderr)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// client-go logs its retries through klog; the node logs what they
+	// come to.
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
 	node, err := New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "cozy-talos-node:", err)
@@ -61,7 +67,7 @@ func Main(args []string, stderr io.Writer) int {
 const mountNamespaceEnv = "COZY_TALOS_NODE_MOUNT_NAMESPACE"
 
 // inMountNamespace runs the node again, with the same arguments, in a new
-// mount namespace, and returns its exit code. A node of the container
+// mount and UTS namespace, and returns its exit code. A node of the container
 // platform binds its disk over Talos's system directories; in a mount
 // namespace of its own, the host never sees those mounts. Signals reach
 // the node; the node dies with this process.
@@ -69,7 +75,9 @@ func inMountNamespace(args []string, stderr io.Writer) int {
 	cmd := exec.Command("/proc/self/exe", args...)
 	cmd.Env = append(os.Environ(), mountNamespaceEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	// Its own UTS namespace too: the node sets its hostname, which its
+	// controller-manager and scheduler take as their identity.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS, Pdeathsig: syscall.SIGKILL}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
 	defer signal.Stop(sigs)

@@ -64,16 +64,15 @@ const SystemDir = "system"
 // it: binding over the host's directories anywhere else would hide the
 // host's own files.
 func privateMountNamespace() error {
-	self, err := os.Readlink("/proc/self/ns/mnt")
+	own, err := ownNamespace("mnt")
 	if err != nil {
-		return fmt.Errorf("read the mount namespace: %w", err)
+		return fmt.Errorf("the mount namespace: %w", err)
 	}
-	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
-	if err != nil {
-		return fmt.Errorf("read the parent's mount namespace: %w", err)
-	}
-	if self == parent {
+	if !own {
 		return errors.New("the container platform needs a mount namespace of its own (cozy-talos-node makes one when run as a program)")
+	}
+	if ownUTS, err := ownNamespace("uts"); err != nil || !ownUTS {
+		return fmt.Errorf("the container platform needs a UTS namespace of its own, for its hostname (cozy-talos-node makes one when run as a program): %v", err)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mount namespace private: %w", err)
@@ -175,4 +174,18 @@ func RemoveMountPoints() {
 	for _, d := range dirs {
 		_ = unix.Rmdir(d)
 	}
+}
+
+// ownNamespace reports whether this process's namespace of a kind
+// (mnt, uts) differs from its parent's.
+func ownNamespace(kind string) (bool, error) {
+	self, err := os.Readlink("/proc/self/ns/" + kind)
+	if err != nil {
+		return false, err
+	}
+	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", os.Getppid(), kind))
+	if err != nil {
+		return false, err
+	}
+	return self != parent, nil
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -116,6 +118,17 @@ func (n *Node) startNodeServices(ctx context.Context, wg *sync.WaitGroup, mc con
 	}
 	args, err := kubeletArgs(mc, hostname, nodeIP)
 	if err != nil {
+		return err
+	}
+	// The kubelet starts once the cluster's API server is ready. Here the
+	// API server is not a control plane kubelet's static pod but a
+	// process of the node, so nothing needs the kubelet before; and every
+	// kubelet retrying its bootstrap, its informers and its lease against
+	// an API server still coming up costs that API server, on an emulated
+	// CPU, the time it needs to come up at all (its RBAC bootstrap timed
+	// out).
+	n.log.Info("kubelet: waiting for the cluster's API server", "endpoint", localAPIEndpoint(mc))
+	if err := waitClusterAPI(ctx, mc); err != nil {
 		return err
 	}
 	wg.Go(func() {
@@ -231,7 +244,7 @@ func writeSysctls(settings map[string]string) error {
 // kubelet's own credentials (so NodeRestriction applies) on a worker.
 func (n *Node) applyNodeSpec(ctx context.Context, mc config.Config, nodeName string) {
 	spec := desiredNode(mc)
-	for {
+	_ = retry(ctx, func() error {
 		cfg, err := nodeApplyConfig(mc)
 		if err == nil {
 			attempt, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -240,13 +253,11 @@ func (n *Node) applyNodeSpec(ctx context.Context, mc config.Config, nodeName str
 		}
 		if err == nil {
 			n.log.Info("node labels and taints applied", "node", nodeName)
-			return
+		} else {
+			n.log.Debug("node labels and taints: not yet", "err", err)
 		}
-		n.log.Debug("node labels and taints: not yet", "err", err)
-		if !sleep(ctx, 3*time.Second) {
-			return
-		}
-	}
+		return err
+	})
 }
 
 func nodeApplyConfig(mc config.Config) (*rest.Config, error) {
@@ -318,5 +329,51 @@ func (n *Node) killLeftovers() {
 	}
 	if err := KillNodeCgroup(n.cfg.Hostname); err != nil {
 		n.log.Warn("kill what the node left running", "err", err)
+	}
+}
+
+// waitClusterAPI polls the cluster's /readyz through the node's local
+// API endpoint (KubePrism), anonymously as kubelet first would, on one
+// connection, until it answers ok or ctx ends.
+func waitClusterAPI(ctx context.Context, mc config.Config) error {
+	cfg := &rest.Config{Host: localAPIEndpoint(mc), TLSClientConfig: rest.TLSClientConfig{CAData: clusterCAs(mc.Cluster())}, Timeout: 30 * time.Second}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := hc.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !sleep(ctx, 3*time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+// reportCPU logs, every interval, the CPU time each program of the node
+// has used: on an emulated machine, where CPU is what runs out, the
+// serial console then says who spent it.
+func (n *Node) reportCPU(ctx context.Context, interval time.Duration) {
+	for sleep(ctx, interval) {
+		cpu := n.spawn.cpu()
+		names := make([]string, 0, len(cpu))
+		for name := range cpu {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		attrs := make([]any, 0, 2*len(names))
+		for _, name := range names {
+			attrs = append(attrs, name, cpu[name].Round(100*time.Millisecond).String())
+		}
+		n.log.Info("CPU time", attrs...)
 	}
 }
