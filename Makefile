@@ -81,9 +81,14 @@ lab: deps build ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a Kub
 	bin/cozyctl lab up $(LAB_FLAGS)
 
 .PHONY: lab-test
-lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted, bootstrapped, running pods, checked phase by phase (root)
+lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted and bootstrapped under TCG, node services off, checked phase by phase (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO) test -tags 'integration lab' -count=1 -timeout 40m -run TestLab -v ./lab/
+		$(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
+
+.PHONY: e2e
+e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready nodes, CoreDNS, pods probed across them; root)
+	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
+		$(GO) test -tags 'integration lab' -count=1 -timeout 80m -run 'TestLabNodes$$' -v ./lab/
 
 .PHONY: bench
 bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)

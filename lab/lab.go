@@ -53,6 +53,28 @@ type Config struct {
 	// through this machine), which real Talos needs to pull its
 	// installer. Off unless asked for.
 	Internet bool `json:",omitempty"`
+	// NodeServices is whether the emulated nodes run kubelet, containerd,
+	// the controller-manager, the scheduler and pods (on), or only the
+	// Talos API, etcd and kube-apiserver (off). auto is on under KVM and
+	// off under TCG, where a real control plane does not come up in a
+	// usable time on a small machine (docs/lab.md#measured).
+	NodeServices string `json:",omitempty"`
+}
+
+// Values of Config.NodeServices.
+const (
+	NodeServicesAuto = "auto"
+	NodeServicesOn   = "on"
+	NodeServicesOff  = "off"
+)
+
+// runsNodeServices says whether the lab's emulated nodes run their node
+// services, once the accelerator is known.
+func (c *Config) runsNodeServices(accel string) bool {
+	if c.Image == "talos" {
+		return false // real Talos runs its own; nothing to switch
+	}
+	return c.NodeServices == NodeServicesOn || c.NodeServices == NodeServicesAuto && accel == "kvm"
 }
 
 // Defaults for a lab; `cozyctl lab up --help` shows them.
@@ -110,7 +132,18 @@ func (c *Config) SetDefaults() error {
 	if c.Accel == "" {
 		c.Accel = "auto"
 	}
+	if c.NodeServices == "" {
+		c.NodeServices = NodeServicesAuto
+	}
 	var errs []error
+	switch c.NodeServices {
+	case NodeServicesAuto, NodeServicesOn, NodeServicesOff:
+		if c.Image == "talos" && c.NodeServices != NodeServicesAuto {
+			errs = append(errs, errors.New("--node-services is for the emulated nodes: real Talos runs its own"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--node-services %q: use auto, on or off", c.NodeServices))
+	}
 	if c.ControlPlanes != 1 && c.ControlPlanes != 3 {
 		errs = append(errs, fmt.Errorf("--controlplanes %d: use 1 or 3", c.ControlPlanes))
 	}
@@ -252,6 +285,9 @@ network:
 	if c.Factory != "" {
 		fmt.Fprintf(&b, "talos:\n  factory: %s\n", c.Factory)
 	}
+	if c.Image != "talos" {
+		b.WriteString(slowControlPlanePatch)
+	}
 	b.WriteString("machines:\n")
 	for _, m := range c.Machines() {
 		fmt.Fprintf(&b, `  - hostname: %s
@@ -267,6 +303,29 @@ network:
 	}
 	return []byte(b.String())
 }
+
+// slowControlPlanePatch gives the controller-manager and the scheduler
+// leases that survive a slow API server. The lab's VMs are often emulated
+// (TCG, no KVM), about ten times slower than the host: with the default
+// 15 s lease and 10 s renew deadline, a control plane busy starting up
+// loses its leader lease, and the controller-manager and scheduler
+// exit and start over (seen in TestLab before this patch). Talos passes
+// these flags through cluster.*.extraArgs like any other.
+const slowControlPlanePatch = `patches:
+  - target: controlplane     # leases for emulated (slow) VMs
+    patch:
+      cluster:
+        controllerManager:
+          extraArgs:
+            leader-elect-lease-duration: 60s
+            leader-elect-renew-deadline: 40s
+            leader-elect-retry-period: 10s
+        scheduler:
+          extraArgs:
+            leader-elect-lease-duration: 60s
+            leader-elect-renew-deadline: 40s
+            leader-elect-retry-period: 10s
+`
 
 // KubernetesVersion is the version of the emulated lab's cluster: the
 // default of hack/envtest-assets.sh and hack/lab-images.sh, which build

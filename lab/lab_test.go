@@ -14,6 +14,7 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/imagefactory/factorytest"
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/talosconfig"
 )
 
 func TestMachines(t *testing.T) {
@@ -73,6 +74,34 @@ func TestRackValidates(t *testing.T) {
 	}
 }
 
+// The emulated lab's control planes get leader leases long enough for a
+// VM without KVM; its workers' configs do not change.
+func TestRackSlowLeases(t *testing.T) {
+	c := Config{Name: "leases", Nodes: 2, ControlPlanes: 1, Dir: t.TempDir()}
+	if err := c.SetDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.Rack())
+	}
+	w, err := talosconfig.Write(r, filepath.Join(c.Dir, "configs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]bool{"cp1": true, "w1": false} {
+		data, err := os.ReadFile(w.Configs[host])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, arg := range []string{"leader-elect-lease-duration: 60s", "leader-elect-renew-deadline: 40s", "leader-elect-retry-period: 10s"} {
+			if n := strings.Count(string(data), arg); (n == 2) != want || n%2 != 0 {
+				t.Errorf("%s's config has %q %d times; want it for the controller-manager and the scheduler of control planes only", host, arg, n)
+			}
+		}
+	}
+}
+
 func TestSetDefaults(t *testing.T) {
 	tests := []struct {
 		c       Config
@@ -88,6 +117,9 @@ func TestSetDefaults(t *testing.T) {
 		{Config{Factory: "factory.example.com"}, "--factory"},
 		{Config{Accel: "hvf"}, "--accel"},
 		{Config{MemoryMiB: 128}, "--memory"},
+		{Config{NodeServices: "sometimes"}, "--node-services"},
+		{Config{NodeServices: "off"}, ""},
+		{Config{Image: "talos", Internet: true, NodeServices: "on"}, "--node-services is for the emulated nodes"},
 	}
 	for _, tt := range tests {
 		err := tt.c.SetDefaults()
@@ -97,8 +129,28 @@ func TestSetDefaults(t *testing.T) {
 	}
 	c := Config{}
 	_ = c.SetDefaults()
-	if c.Name != "cozy" || c.Nodes != 3 || c.Firmware != "mixed" || c.Accel != "auto" || !strings.HasSuffix(c.Dir, "cozy/labs/cozy") {
+	if c.Name != "cozy" || c.Nodes != 3 || c.Firmware != "mixed" || c.Accel != "auto" || c.NodeServices != "auto" || !strings.HasSuffix(c.Dir, "cozy/labs/cozy") {
 		t.Errorf("defaults: %+v", c)
+	}
+}
+
+// Node services: auto runs them only under KVM; on and off say so
+// whatever the accelerator; real Talos is never switched.
+func TestRunsNodeServices(t *testing.T) {
+	for _, tc := range []struct {
+		image, services, accel string
+		want                   bool
+	}{
+		{"emulated", NodeServicesAuto, "kvm", true},
+		{"emulated", NodeServicesAuto, "tcg", false},
+		{"emulated", NodeServicesOn, "tcg", true},
+		{"emulated", NodeServicesOff, "kvm", false},
+		{"talos", NodeServicesAuto, "kvm", false},
+	} {
+		c := Config{Image: tc.image, NodeServices: tc.services}
+		if got := c.runsNodeServices(tc.accel); got != tc.want {
+			t.Errorf("%s image, --node-services %s, %s: %v, want %v", tc.image, tc.services, tc.accel, got, tc.want)
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/internal/procstat"
+	"cozy.dev/cozy/lab/nodeimage"
 )
 
 // Files in a lab's dir besides vms/.
@@ -68,15 +69,18 @@ type Milestone struct {
 
 // Result is what `lab up` reports.
 type Result struct {
-	Name       string        `json:"name"`
-	Dir        string        `json:"dir"`
-	Namespace  string        `json:"namespace"`
-	Accel      string        `json:"accel"`
-	Nodes      int           `json:"nodes"`
-	Kubeconfig string        `json:"kubeconfig"`
-	Phases     []PhaseTime   `json:"phases"`
-	Milestones []Milestone   `json:"milestones"`
-	Total      time.Duration `json:"total"`
+	Name      string `json:"name"`
+	Dir       string `json:"dir"`
+	Namespace string `json:"namespace"`
+	Accel     string `json:"accel"`
+	Nodes     int    `json:"nodes"`
+	// NodeServices: the emulated nodes run kubelet, containerd and the
+	// controllers (Config.NodeServices resolved with the accelerator).
+	NodeServices bool          `json:"nodeServices"`
+	Kubeconfig   string        `json:"kubeconfig"`
+	Phases       []PhaseTime   `json:"phases"`
+	Milestones   []Milestone   `json:"milestones"`
+	Total        time.Duration `json:"total"`
 	// VMCPU is the CPU time each VM's QEMU used during `lab up`: under
 	// TCG, what its emulated work cost this machine.
 	VMCPU []VMCPU `json:"vmCPU,omitempty"`
@@ -127,6 +131,14 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := step("accelerator", func() (err error) { res.Accel, err = chooseAccel(ctx, c.Accel, img.Kernel); return err }); err != nil {
 		return res, err
 	}
+	res.NodeServices = c.runsNodeServices(res.Accel)
+	if c.Image != "talos" && !res.NodeServices {
+		img.Cmdline = strings.TrimSpace(img.Cmdline + " " + nodeimage.APIOnlyArg)
+		if c.NodeServices == NodeServicesAuto {
+			o.Log.Warn("lab: under " + res.Accel + " the nodes run the Talos API, etcd and kube-apiserver only, no kubelet or pods " +
+				"(a real control plane does not come up in a usable time without KVM: docs/lab.md#measured); --node-services on runs them anyway")
+		}
+	}
 	machines := c.Machines()
 	if err := step("network", func() error {
 		if err := createNetwork(ctx, c.Name, machines); err != nil {
@@ -142,7 +154,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := startRouterAdvertiser(ctx, c.Name, c.Dir); err != nil {
 		o.Log.Warn("lab: no IPv6 router advertisements", "err", err)
 	}
-	if o.Images != nil {
+	if o.Images != nil && res.NodeServices {
 		if err := step("registry mirror", func() error {
 			layout, err := o.Images(ctx)
 			if err != nil {
@@ -187,7 +199,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		return nil
 	})
 	kubeconfig := filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
-	if err == nil && c.Image != "talos" {
+	if err == nil && res.NodeServices {
 		// The emulated nodes run kubelet and the CNI: the lab is up when
 		// every machine is a Ready Node and CoreDNS serves.
 		err = step("nodes ready", func() error {

@@ -82,6 +82,9 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			}
 			fmt.Fprintf(g.stderr, "lab %s is up (%s): kubeconfig %s\nuse it: cozyctl lab kubectl --name %s -- get nodes\n",
 				c.Name, res.Accel, res.Kubeconfig, c.Name)
+			if c.Image != "talos" && !res.NodeServices {
+				fmt.Fprintf(g.stderr, "its nodes run the Talos API, etcd and kube-apiserver only (--node-services %s under %s): no kubelet, no pods\n", c.NodeServices, res.Accel)
+			}
 			return g.Print(labResult{res})
 		},
 	}
@@ -94,6 +97,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	f.BoolVar(&c.Internet, "internet", false, "let the VMs out of the lab's namespace, NATed through this machine (turns on its IPv4 forwarding); off by default")
 	f.IntVar(&c.MemoryMiB, "memory", lab.DefaultMemoryMiB, "MiB of memory per VM")
 	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
+	f.StringVar(&c.NodeServices, "node-services", lab.NodeServicesAuto, "emulated nodes run kubelet, containerd, the controllers and pods: on, off (the Talos API, etcd and kube-apiserver only), or auto (on under KVM, off under TCG)")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
 	return cmd
 }

@@ -7,7 +7,9 @@
 # config on the disk) or power-off.
 #
 # Kernel command line: BOOTIF=01-aa-bb-cc-dd-ee-ff picks the NIC (iPXE's
-# form; else the first virtio NIC), cozy.debug logs every API request.
+# form; else the first virtio NIC), cozy.debug logs every API request,
+# cozy.api_only runs the node without its node services (no kubelet,
+# containerd, controllers: the Talos API, etcd and kube-apiserver only).
 export PATH=/bin
 /bin/busybox --install -s /bin
 
@@ -49,10 +51,12 @@ log "kernel $(uname -r) booted; initramfs unpacked"
 
 bootif=
 debug=
+services=--node-services
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	BOOTIF=*) bootif=$(echo "${arg#BOOTIF=}" | sed 's/^01-//; s/-/:/g' | tr 'A-F' 'a-f') ;;
 	cozy.debug) debug=--debug ;;
+	cozy.api_only) services= ;;
 	esac
 done
 
@@ -143,9 +147,9 @@ release_disk() {
 
 while :; do
 	log "starting cozy-talos-node"
-	# shellcheck disable=SC2086 # $disks and $debug are lists of flags
+	# shellcheck disable=SC2086 # $disks, $services and $debug are lists of flags
 	cozy-talos-node --address "$ip/$mask" --mac "$mac" --uuid "$uuid" $disks \
-		--state-dir /mnt/disk/node --platform metal --node-services --cni-bin-dir /opt/cni/bin \
+		--state-dir /mnt/disk/node --platform metal $services --cni-bin-dir /opt/cni/bin \
 		--reboot exit $debug
 	rc=$?
 	case $rc in

@@ -43,6 +43,10 @@ import (
 // netboot server (pxe/ipxe).
 const Cmdline = "console=ttyS0 panic=-1"
 
+// APIOnlyArg on the kernel command line keeps the node to the Talos API,
+// etcd and kube-apiserver: /init then runs it without --node-services.
+const APIOnlyArg = "cozy.api_only"
+
 // The files of a built image, in Image.Dir.
 const (
 	KernelFile = "vmlinuz"

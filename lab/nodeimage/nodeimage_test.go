@@ -186,7 +186,8 @@ func TestImageContents(t *testing.T) {
 	if !strings.Contains(init.data, fmt.Sprintf("\n\t%d)\n", talosnode.RebootExitCode)) || strings.Contains(init.data, "@REBOOT_EXIT_CODE@") {
 		t.Errorf("init does not map cozy-talos-node's reboot status %d to a reboot", talosnode.RebootExitCode)
 	}
-	for _, flag := range []string{"--reboot exit", "--state-dir /mnt/disk/node", "--platform metal", "--node-services", "--cni-bin-dir /opt/cni/bin", "mount -t cgroup2", "reboot -f", "poweroff -f"} {
+	for _, flag := range []string{"--reboot exit", "--state-dir /mnt/disk/node", "--platform metal", "services=--node-services", "$services", "--cni-bin-dir /opt/cni/bin",
+		"\t" + APIOnlyArg + ") services= ;;", "mount -t cgroup2", "reboot -f", "poweroff -f"} {
 		if !strings.Contains(init.data, flag) {
 			t.Errorf("init lacks %q", flag)
 		}

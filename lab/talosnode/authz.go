@@ -31,6 +31,7 @@ const (
 var allowedRoles = map[string][]string{
 	machine.MachineService_Version_FullMethodName:        {roleAdmin, roleOperator, roleReader},
 	machine.MachineService_EtcdMemberList_FullMethodName: {roleAdmin, roleOperator, roleReader},
+	machine.MachineService_Logs_FullMethodName:           {roleAdmin, roleOperator, roleReader},
 	machine.MachineService_Reboot_FullMethodName:         {roleAdmin, roleOperator},
 	machine.MachineService_Shutdown_FullMethodName:       {roleAdmin, roleOperator},
 	cosiv1alpha1.State_Get_FullMethodName:                {roleAdmin, roleOperator, roleReader},

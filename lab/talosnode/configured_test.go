@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/crypto/x509"
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
@@ -175,6 +177,36 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		none := withRole(t, cl, tc, "")
 		if _, err := configClient(t, none, n.endpoint()).Version(ctx); codeOf(err) != "PermissionDenied" {
 			t.Errorf("Version without a role: %v, want PermissionDenied", err)
+		}
+	})
+
+	t.Run("service logs", func(t *testing.T) {
+		dir := filepath.Join(cfg.StateDir, talosnode.LogDir)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "kubelet.log"), []byte("one\ntwo\nthree\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		reader := configClient(t, withRole(t, cl, tc, "os:reader"), n.endpoint())
+		for _, tt := range []struct {
+			id, namespace string
+			driver        common.ContainerDriver
+			tail          int32
+			want, code    string
+		}{
+			{"kubelet", "system", common.ContainerDriver_CONTAINERD, -1, "one\ntwo\nthree\n", "OK"},
+			{"kubelet", "system", common.ContainerDriver_CONTAINERD, 2, "two\nthree\n", "OK"},
+			{"kubelet", "system", common.ContainerDriver_CONTAINERD, 0, "", "OK"},
+			{"kubelet", "system", common.ContainerDriver_CONTAINERD, 9, "one\ntwo\nthree\n", "OK"},
+			{"etcd-nope", "system", common.ContainerDriver_CONTAINERD, -1, "", "NotFound"},
+			{"../config", "system", common.ContainerDriver_CONTAINERD, -1, "", "InvalidArgument"},
+			{"kube-system/coredns", "k8s.io", common.ContainerDriver_CRI, -1, "", "Unimplemented"},
+		} {
+			got, err := readLogs(ctx, reader, tt.namespace, tt.driver, tt.id, tt.tail)
+			if codeOf(err) != tt.code || got != tt.want {
+				t.Errorf("logs %s (tail %d): %q, %v; want %q, code %q", tt.id, tt.tail, got, err, tt.want, tt.code)
+			}
 		}
 	})
 
@@ -423,4 +455,23 @@ func withRole(t *testing.T, cl *cluster, tc *clientconfig.Config, role string) *
 	ctx.Key = base64.StdEncoding.EncodeToString(kp.KeyPEM)
 	out.Contexts = map[string]*clientconfig.Context{tc.Context: &ctx}
 	return &out
+}
+
+// readLogs reads a whole (not followed) log stream from the Logs API.
+func readLogs(ctx context.Context, c *client.Client, namespace string, driver common.ContainerDriver, id string, tail int32) (string, error) {
+	stream, err := c.Logs(ctx, namespace, driver, id, false, tail)
+	if err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	for {
+		d, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out.String(), nil
+		}
+		if err != nil {
+			return out.String(), err
+		}
+		out.Write(d.GetBytes())
+	}
 }

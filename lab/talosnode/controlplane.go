@@ -627,7 +627,7 @@ func (cp *controlPlane) applyBootstrapManifests(ctx context.Context, mc config.C
 				if err == nil {
 					cp.log.Info("bootstrap manifests applied", "objects", len(objs), "created", created)
 				} else {
-					cp.log.Debug("bootstrap manifests: not yet", "err", err)
+					cp.log.Info("bootstrap manifests: not yet, retrying", "err", err)
 				}
 				return err
 			})
