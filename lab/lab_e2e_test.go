@@ -97,6 +97,10 @@ func TestLabNodes(t *testing.T) {
 	}
 	pods := clustertest.RunProbes(t, kubectl, names, 15*time.Minute)
 	clustertest.CheckWorkloads(t, kubectl, pods, rack.DefaultDNSDomain)
+	clustertest.CheckPortForward(t, func(ctx context.Context, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name),
+			filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), "--kubeconfig", res.Kubeconfig}, args...)...)
+	}, netns.Dialer(lab.Namespace(c.Name)), pods)
 }
 
 // checkBootstrapped checks the lab's netboot and bootstrap phase by phase.

@@ -1,7 +1,7 @@
 // Package clustertest checks, for tests, that a Kubernetes cluster really
 // runs workloads: a pod on every node from the registry mirror, DNS,
-// Services, pod-to-pod traffic across nodes, and kubectl's logs and exec
-// (kubelet's server, reached through the API server). The process-tier
+// Services, pod-to-pod traffic across nodes, and kubectl's logs, exec and
+// port-forward (kubelet's server, reached through the API server). The process-tier
 // cluster of lab/talosnode and the QEMU lab both use it, through kubectl.
 package clustertest
 

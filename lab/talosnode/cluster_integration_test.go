@@ -64,6 +64,8 @@ type procCluster struct {
 	kubectl clustertest.Kubectl
 	// kubectlVia runs kubectl against another control plane's API.
 	kubectlVia func(n *clusterNode, args ...string) (string, error)
+	// kubectlCmd makes a kubectl command against a control plane's API.
+	kubectlCmd func(ctx context.Context, n *clusterNode, args ...string) *exec.Cmd
 }
 
 // startCluster builds the network (a bridge in a namespace of its own,
@@ -182,11 +184,14 @@ machines:
 		}
 	}
 	c := &procCluster{nodes: nodes, domain: r.Cluster.DNSDomain, talos: tc}
-	c.kubectlVia = func(n *clusterNode, args ...string) (string, error) {
+	c.kubectlCmd = func(ctx context.Context, n *clusterNode, args ...string) *exec.Cmd {
 		// The API server's certificate names 127.0.0.1, where it is
 		// exposed.
-		cmd := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kc,
+		return exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kc,
 			"--server", "https://" + n.kubeAPI, "--request-timeout", "20s"}, args...)...)
+	}
+	c.kubectlVia = func(n *clusterNode, args ...string) (string, error) {
+		cmd := c.kubectlCmd(ctx, n, args...)
 		var out, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &stderr
 		if err := cmd.Run(); err != nil {
@@ -260,6 +265,8 @@ func TestClusterRunsPods(t *testing.T) {
 	// across nodes, logs and exec.
 	pods := clustertest.RunProbes(t, kubectl, []string{"cp1", "w1"}, 5*time.Minute)
 	clustertest.CheckWorkloads(t, kubectl, pods, c.domain)
+	clustertest.CheckPortForward(t, func(ctx context.Context, args ...string) *exec.Cmd { return c.kubectlCmd(ctx, c.nodes[0], args...) },
+		(&net.Dialer{}).DialContext, pods)
 
 	// An image the mirror lacks: the pod waits on its pull, and says
 	// which image.
