@@ -88,7 +88,7 @@ lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netboo
 .PHONY: e2e
 e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready nodes, CoreDNS, pods probed across them; root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO) test -tags 'integration lab' -count=1 -timeout 80m -run 'TestLabNodes$$' -v ./lab/
+		$(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 
 .PHONY: bench
 bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab at 3 and 6 nodes (root; installs the peers)

@@ -81,7 +81,7 @@ func TestLabNodes(t *testing.T) {
 	requireLab(t)
 	c := lab.Config{Name: fmt.Sprintf("ln%d", os.Getpid()), Nodes: 2, ControlPlanes: 1,
 		Firmware: lab.FirmwareMixed, Accel: "tcg", NodeServices: lab.NodeServicesOn, Dir: t.TempDir()}
-	ctx, cancel := context.WithTimeout(context.Background(), 75*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	res, _ := upLab(ctx, t, &c)
 	checkBootstrapped(t, &c, res)
@@ -323,7 +323,7 @@ func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func(
 		Stderr: &progress,
 		// Each bootstrap wait, and the wait for Ready nodes: under TCG
 		// a real control plane takes long (docs/lab.md#measured).
-		Timeout: map[bool]time.Duration{false: 15 * time.Minute, true: 45 * time.Minute}[c.NodeServices == lab.NodeServicesOn],
+		Timeout: map[bool]time.Duration{false: 15 * time.Minute, true: 25 * time.Minute}[c.NodeServices == lab.NodeServicesOn],
 	})
 	if res != nil {
 		t.Logf("lab %s: %d nodes, accel %s, %s in all", c.Name, res.Nodes, res.Accel, res.Total)

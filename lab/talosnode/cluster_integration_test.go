@@ -141,6 +141,18 @@ network:
   subnet: %[1]s.0/24
 registries:
   mirror: http://%[2]s
+# The nodes share this host's disk, which is not theirs to keep free:
+# kubelet's default thresholds (15 %% of the image file system) evicted
+# the probe pods when the host had 31 GB free of 252 (a cold CI run).
+patches:
+  - patch:
+      machine:
+        kubelet:
+          extraConfig:
+            evictionHard:
+              nodefs.available: 1Gi
+              imagefs.available: 1Gi
+              memory.available: 100Mi
 machines:
 %[4]s`, clusterSubnet, mirrorAddr, kubernetesVersion(t, assets), machines.String()))
 	bundle, _, err := talosconfig.LoadOrCreateSecrets(filepath.Join(t.TempDir(), talosconfig.SecretsFile), nil)
