@@ -309,8 +309,9 @@ network:
 // (TCG, no KVM), about ten times slower than the host: with the default
 // 15 s lease and 10 s renew deadline, a control plane busy starting up
 // loses its leader lease, and the controller-manager and scheduler
-// exit and start over (seen in TestLab before this patch). Talos passes
-// these flags through cluster.*.extraArgs like any other.
+// exit and start over (seen in TestLab before this patch; with it, once
+// in 18 minutes: docs/lab.md#measured). Talos passes these flags through
+// cluster.*.extraArgs like any other.
 const slowControlPlanePatch = `patches:
   - target: controlplane     # leases for emulated (slow) VMs
     patch:
