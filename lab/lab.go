@@ -56,8 +56,8 @@ type Config struct {
 	// NodeServices is whether the emulated nodes run kubelet, containerd,
 	// the controller-manager, the scheduler and pods (on), or only the
 	// Talos API, etcd and kube-apiserver (off). auto is on under KVM and
-	// off under TCG, where a real control plane does not come up in a
-	// usable time on a small machine (docs/lab.md#measured).
+	// off under TCG, where a real control plane takes minutes to come up
+	// on a small machine (docs/lab.md#measured).
 	NodeServices string `json:",omitempty"`
 }
 
