@@ -648,6 +648,12 @@ func waitAPIReady(ctx context.Context, mc config.Config) error {
 	if err != nil {
 		return err
 	}
+	return pollReadyz(ctx, cfg, 2*time.Second)
+}
+
+// pollReadyz asks cfg's API server for /readyz, on one connection, every
+// interval until it answers ok or ctx ends.
+func pollReadyz(ctx context.Context, cfg *rest.Config, interval time.Duration) error {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return err
@@ -664,7 +670,7 @@ func waitAPIReady(ctx context.Context, mc config.Config) error {
 				return nil
 			}
 		}
-		if !sleep(ctx, 2*time.Second) {
+		if !sleep(ctx, interval) {
 			return ctx.Err()
 		}
 	}

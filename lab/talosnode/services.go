@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -337,26 +335,7 @@ func (n *Node) killLeftovers() {
 // connection, until it answers ok or ctx ends.
 func waitClusterAPI(ctx context.Context, mc config.Config) error {
 	cfg := &rest.Config{Host: localAPIEndpoint(mc), TLSClientConfig: rest.TLSClientConfig{CAData: clusterCAs(mc.Cluster())}, Timeout: 30 * time.Second}
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		return err
-	}
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/readyz", nil)
-		if err != nil {
-			return err
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if !sleep(ctx, 3*time.Second) {
-			return ctx.Err()
-		}
-	}
+	return pollReadyz(ctx, cfg, 3*time.Second)
 }
 
 // reportCPU logs, every interval, the CPU time each program of the node
