@@ -699,15 +699,12 @@ func logTail(path string, n int) string {
 		return ""
 	}
 	defer f.Close()
-	const window = 8 << 10
-	if fi, err := f.Stat(); err == nil && fi.Size() > window {
-		_, _ = f.Seek(fi.Size()-window, 0)
+	off, err := tailOffset(f, n)
+	if err != nil {
+		return ""
 	}
-	data, _ := io.ReadAll(f)
+	data, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<62))
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
 	for i, l := range lines {
 		if len(l) > 300 {
 			lines[i] = l[:300] + "…"

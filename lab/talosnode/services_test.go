@@ -292,3 +292,30 @@ func TestMergeArgs(t *testing.T) {
 		})
 	}
 }
+
+// logTail: the last lines of a service's log for the node's own log,
+// each cut short, read through the same tailOffset as the Logs API.
+func TestLogTail(t *testing.T) {
+	long := strings.Repeat("x", 400)
+	for _, tc := range []struct {
+		content string
+		n       int
+		want    string
+	}{
+		{"one\ntwo\nthree\nfour\n", 3, "two\nthree\nfour"},
+		{"one\ntwo", 3, "one\ntwo"},
+		{"a\n" + long + "\n", 1, strings.Repeat("x", 300) + "…"},
+		{"", 3, ""},
+	} {
+		path := filepath.Join(t.TempDir(), "svc.log")
+		if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := logTail(path, tc.n); got != tc.want {
+			t.Errorf("logTail(%q, %d) = %q, want %q", tc.content, tc.n, got, tc.want)
+		}
+	}
+	if got := logTail(filepath.Join(t.TempDir(), "missing.log"), 3); got != "" {
+		t.Errorf("logTail of a missing file = %q", got)
+	}
+}
