@@ -13,6 +13,19 @@
 export PATH=/bin
 /bin/busybox --install -s /bin
 
+# Leave the initramfs for a mount of its own before anything else, as
+# Talos's init switch_roots out of its initramfs. The kernel refuses
+# pivot_root(2) while / is the initial rootfs (it has no parent mount), and
+# runc jails every container with pivot_root: without this no pod sandbox
+# starts ("pivot_root .: invalid argument"). A bind mount of / moved over /
+# is such a mount, and copies nothing; /init then runs again inside it.
+if [ "$COZY_ROOT" != bound ]; then
+	export COZY_ROOT=bound
+	mkdir -p /newroot
+	mount -o bind / /newroot && cd /newroot && mount -o move . / && exec chroot . /init
+	echo "cozy-node: cannot leave the initramfs root (containers cannot start); going on"
+fi
+
 log() { echo "cozy-node: [$(cut -d' ' -f1 /proc/uptime)s] $*"; }
 
 # A machine that cannot come up says why and powers off: the lab sees the
