@@ -56,8 +56,8 @@ type Config struct {
 	// NodeServices is whether the emulated nodes run kubelet, containerd,
 	// the controller-manager, the scheduler and pods (on), or only the
 	// Talos API, etcd and kube-apiserver (off). auto is on under KVM and
-	// off under TCG, where a real control plane takes minutes to come up
-	// on a small machine (docs/lab.md#measured).
+	// off under TCG, where the node services need more emulated CPU than
+	// a small machine has (docs/lab.md#measured).
 	NodeServices string `json:",omitempty"`
 }
 
@@ -309,9 +309,9 @@ network:
 // (TCG, no KVM), about ten times slower than the host: with the default
 // 15 s lease and 10 s renew deadline, a control plane busy starting up
 // loses its leader lease, and the controller-manager and scheduler
-// exit and start over (seen in TestLab before this patch; with it, once
-// in 18 minutes: docs/lab.md#measured). Talos passes these flags through
-// cluster.*.extraArgs like any other.
+// exit and start over (seen in TestLab before this patch; with it, they
+// still do when the node services saturate the VMs: docs/lab.md#measured).
+// Talos passes these flags through cluster.*.extraArgs like any other.
 const slowControlPlanePatch = `patches:
   - target: controlplane     # leases for emulated (slow) VMs
     patch:

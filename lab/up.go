@@ -136,7 +136,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		img.Cmdline = strings.TrimSpace(img.Cmdline + " " + nodeimage.APIOnlyArg)
 		if c.NodeServices == NodeServicesAuto {
 			o.Log.Warn("lab: under " + res.Accel + " the nodes run the Talos API, etcd and kube-apiserver only, no kubelet or pods " +
-				"(without KVM a real control plane takes minutes, and pods do not start in the VMs yet: docs/lab.md#measured); --node-services on runs them anyway")
+				"(without KVM they need more CPU than a small machine has, and CoreDNS never gets ready: docs/lab.md#measured); --node-services on runs them anyway")
 		}
 	}
 	machines := c.Machines()
