@@ -252,26 +252,31 @@ func TestClusterRunsPods(t *testing.T) {
 		return nil
 	})
 
-	// The node's labels and taints come from the config, through the API.
-	out, err := kubectl("get", "node", "cp1", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cpNode struct {
-		Metadata struct{ Labels map[string]string } `json:"metadata"`
-		Spec     struct {
-			Taints []struct{ Key, Effect string }
+	// The node's labels and taints come from the config, through the API:
+	// the node applies them once its Node exists, as Talos's controller
+	// does, so they may land after CoreDNS is available.
+	eventually(t, 2*time.Minute, "cp1's labels and taints", func() error {
+		out, err := kubectl("get", "node", "cp1", "-o", "json")
+		if err != nil {
+			return err
 		}
-	}
-	if err := json.Unmarshal([]byte(out), &cpNode); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := cpNode.Metadata.Labels["node-role.kubernetes.io/control-plane"]; !ok {
-		t.Errorf("cp1 has no control-plane role label: %v", cpNode.Metadata.Labels)
-	}
-	if len(cpNode.Spec.Taints) == 0 || cpNode.Spec.Taints[0].Key != "node-role.kubernetes.io/control-plane" {
-		t.Errorf("cp1 taints %v, want the control-plane NoSchedule taint", cpNode.Spec.Taints)
-	}
+		var cpNode struct {
+			Metadata struct{ Labels map[string]string } `json:"metadata"`
+			Spec     struct {
+				Taints []struct{ Key, Effect string }
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &cpNode); err != nil {
+			return err
+		}
+		if _, ok := cpNode.Metadata.Labels["node-role.kubernetes.io/control-plane"]; !ok {
+			return fmt.Errorf("cp1 has no control-plane role label: %v", cpNode.Metadata.Labels)
+		}
+		if len(cpNode.Spec.Taints) == 0 || cpNode.Spec.Taints[0].Key != "node-role.kubernetes.io/control-plane" {
+			return fmt.Errorf("cp1 taints %v, want the control-plane NoSchedule taint", cpNode.Spec.Taints)
+		}
+		return nil
+	})
 
 	// A pod from the mirror on each node: DNS, Services, pod to pod
 	// across nodes, logs and exec.
