@@ -115,7 +115,7 @@ if ! kernel_package; then
 	kernel_package || { log "apt has no linux-image-amd64"; exit 1; }
 fi
 # Bump layout when what this script extracts changes.
-layout=4
+layout=5
 out="$cache_root/boot/${pkg}_${version}_v${layout}"
 if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
 	echo "$out"
@@ -151,8 +151,14 @@ copy_modules "$moddir" "$work/out" "${nic_modules[@]}" drivers/block/virtio_blk.
 # bridge, veth and vxlan for the CNI (flannel); nf_tables and the
 # xtables matches that kube-proxy (nftables mode) and flannel (iptables
 # through nft) use; conntrack's netlink for the conntrack tool.
+# kube-proxy writes its tables in the ip and ip6 families, not inet, so
+# its `reject` and `fib` need the per-family modules (nft_reject_inet
+# serves only inet tables): without nft_reject_ipv4 every sync of its
+# ruleset fails whole, and no Service's ClusterIP answers. The kernel
+# cannot load a missing one on demand: the initramfs has no modprobe.
 k8s_modules=(overlay bridge br_netfilter veth vxlan nf_tables nft_ct nft_nat nft_masq nft_chain_nat
-	nft_compat nft_numgen nft_fib_inet nft_reject_inet nft_redir nft_limit nft_objref nf_conntrack_netlink
+	nft_compat nft_numgen nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_reject_inet nft_reject_ipv4
+	nft_reject_ipv6 nft_redir nft_limit nft_objref nf_conntrack_netlink
 	xt_conntrack xt_comment xt_mark xt_MASQUERADE xt_addrtype xt_multiport xt_statistic xt_nat xt_tcpudp
 	xt_physdev ipt_REJECT ip6t_REJECT)
 # add_module NAME: NAME's dependencies, then NAME, once each.

@@ -156,6 +156,13 @@ type file struct {
 	static bool
 }
 
+// requiredModules are the modules a node cannot do without and that an
+// older hack/boot-assets.sh did not extract: the boot NIC, the disk and
+// its file system, and the per-family reject that kube-proxy's nftables
+// rules use (without it every sync fails whole and no ClusterIP
+// answers; the VM cannot load a module on demand).
+var requiredModules = []string{"virtio_net.ko", "virtio_blk.ko", "ext4.ko", "nft_reject_ipv4.ko", "nft_reject_ipv6.ko"}
+
 // inputs lists every file the image is made of.
 func (o Options) inputs() ([]file, error) {
 	order, err := os.ReadFile(filepath.Join(o.KernelDir, "modules.order"))
@@ -185,7 +192,7 @@ func (o Options) inputs() ([]file, error) {
 		files = append(files, file{src: l.src, dst: l.dst, mode: 0o755})
 	}
 	modules := strings.Fields(string(order))
-	for _, m := range []string{"virtio_net.ko", "virtio_blk.ko", "ext4.ko"} {
+	for _, m := range requiredModules {
 		if !slices.Contains(modules, m) {
 			return nil, fmt.Errorf("kernel modules in %s lack %s: run hack/boot-assets.sh again (it adds it)", o.KernelDir, m)
 		}

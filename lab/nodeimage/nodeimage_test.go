@@ -63,7 +63,7 @@ func fakeInputs(t *testing.T) Options {
 	}
 	write("kernel/vmlinuz", []byte("a kernel"))
 	var order []string
-	for _, m := range []string{"virtio_ring.ko", "virtio_net.ko", "virtio_blk.ko", "jbd2.ko", "ext4.ko"} {
+	for _, m := range []string{"virtio_ring.ko", "virtio_net.ko", "virtio_blk.ko", "jbd2.ko", "ext4.ko", "nft_reject_ipv4.ko", "nft_reject_ipv6.ko"} {
 		write("kernel/modules/"+m, []byte("module "+m))
 		order = append(order, m)
 	}
@@ -165,7 +165,7 @@ func TestImageContents(t *testing.T) {
 		"opt/cni/bin/flannel":       {file | 0o755, string(fakeELF(false, "cni flannel"))},
 		"lib/modules/ext4.ko":       {file | 0o644, "module ext4.ko"},
 		"lib/modules/virtio_blk.ko": {file | 0o644, "module virtio_blk.ko"},
-		"lib/modules/modules.order": {file | 0o644, "virtio_ring.ko\nvirtio_net.ko\nvirtio_blk.ko\njbd2.ko\next4.ko\n"},
+		"lib/modules/modules.order": {file | 0o644, "virtio_ring.ko\nvirtio_net.ko\nvirtio_blk.ko\njbd2.ko\next4.ko\nnft_reject_ipv4.ko\nnft_reject_ipv6.ko\n"},
 		"etc/hosts":                 {file | 0o644, "127.0.0.1 localhost\n::1 localhost\n"},
 		"etc/udhcpc.script":         {file | 0o755, udhcpcScript},
 		"mnt/disk":                  {dir | 0o755, ""},
@@ -321,6 +321,11 @@ func TestBuildRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "lack virtio_blk.ko: run hack/boot-assets.sh"},
+		{"kernel dir from before kube-proxy's reject modules", func(t *testing.T, o *Options) {
+			if err := os.WriteFile(filepath.Join(o.KernelDir, "modules.order"), []byte("virtio_net.ko\nvirtio_blk.ko\next4.ko\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "lack nft_reject_ipv4.ko: run hack/boot-assets.sh"},
 		{"no kernel dir", func(t *testing.T, o *Options) { o.KernelDir = "" }, "hack/boot-assets.sh"},
 		{"no Kubernetes binaries", func(t *testing.T, o *Options) { o.KubernetesDir = "" }, "hack/envtest-assets.sh"},
 		{"no kubelet", func(t *testing.T, o *Options) { _ = os.Remove(filepath.Join(o.KubernetesDir, "kubelet")) }, "kubelet"},
