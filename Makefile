@@ -86,7 +86,7 @@ lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netboo
 		$(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
 
 .PHONY: e2e
-e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (1 VM to a Ready Node, CoreDNS, a probe pod; root)
+e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them; root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 
