@@ -136,7 +136,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		img.Cmdline = strings.TrimSpace(img.Cmdline + " " + nodeimage.APIOnlyArg)
 		if c.NodeServices == NodeServicesAuto {
 			o.Log.Warn("lab: under " + res.Accel + " the nodes run the Talos API, etcd and kube-apiserver only, no kubelet or pods " +
-				"(without KVM they need more CPU than a small machine has, and CoreDNS never gets ready: docs/lab.md#measured); --node-services on runs them anyway")
+				"(without KVM they are slow: on 2 cores CoreDNS became available 8 to 10 minutes after lab up started with 1 or 2 VMs, and not at all with 3: docs/lab.md#measured); --node-services on runs them")
 		}
 	}
 	machines := c.Machines()
