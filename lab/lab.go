@@ -56,8 +56,9 @@ type Config struct {
 	// NodeServices is whether the emulated nodes run kubelet, containerd,
 	// the controller-manager, the scheduler and pods (on), or only the
 	// Talos API, etcd and kube-apiserver (off). auto is on under KVM and
-	// off under TCG, where the node services need more emulated CPU than
-	// a small machine has (docs/lab.md#measured).
+	// off under TCG, where the node services are slow: on 2 cores CoreDNS
+	// got ready about 10 minutes after lab up started with two VMs, and
+	// not with three (docs/lab.md#measured).
 	NodeServices string `json:",omitempty"`
 }
 

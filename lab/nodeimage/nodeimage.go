@@ -156,11 +156,12 @@ type file struct {
 	static bool
 }
 
-// requiredModules are the modules a node cannot do without and that an
-// older hack/boot-assets.sh did not extract: the boot NIC, the disk and
-// its file system, and the per-family reject that kube-proxy's nftables
-// rules use (without it every sync fails whole and no ClusterIP
-// answers; the VM cannot load a module on demand).
+// requiredModules are modules a node cannot do without, checked here so
+// that a kernel directory from an older hack/boot-assets.sh fails the
+// build rather than the VM: the boot NIC, the disk and its file system,
+// and the per-family reject that kube-proxy's nftables rules use
+// (without it every sync fails whole and no ClusterIP answers; the VM
+// cannot load a module on demand).
 var requiredModules = []string{"virtio_net.ko", "virtio_blk.ko", "ext4.ko", "nft_reject_ipv4.ko", "nft_reject_ipv6.ko"}
 
 // inputs lists every file the image is made of.
