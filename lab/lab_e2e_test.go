@@ -296,6 +296,19 @@ func requireLab(t *testing.T) {
 // and the bootstrap's output in $COZY_TEST_ARTIFACTS.
 func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func()) {
 	t.Helper()
+	res, down, err := tryUpLab(ctx, t, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, down
+}
+
+// tryUpLab is upLab for a caller that wants lab up's failure, and its
+// partial result, back: on failure it logs what the cluster was doing.
+// nodesWait bounds the wait for Ready nodes and CoreDNS (0: the tests'
+// default).
+func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, nodesWait time.Duration) (*lab.Result, func(), error) {
+	t.Helper()
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +323,10 @@ func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func(
 	t.Cleanup(down)
 	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
 	self, _ := os.Executable()
+	timeout := map[bool]time.Duration{false: 15 * time.Minute, true: 25 * time.Minute}[c.NodeServices == lab.NodeServicesOn]
+	if nodesWait > 0 {
+		timeout = nodesWait
+	}
 	res, err := lab.Up(ctx, c, lab.UpOptions{
 		Cozyctl: self,
 		Image: func(ctx context.Context) (lab.Image, error) {
@@ -326,7 +343,7 @@ func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func(
 		Stderr: &progress,
 		// Each bootstrap wait, and the wait for Ready nodes: under TCG
 		// a real control plane takes long (docs/lab.md#measured).
-		Timeout: map[bool]time.Duration{false: 15 * time.Minute, true: 25 * time.Minute}[c.NodeServices == lab.NodeServicesOn],
+		Timeout: timeout,
 	})
 	if res != nil {
 		t.Logf("lab %s: %d nodes, accel %s, %s in all", c.Name, res.Nodes, res.Accel, res.Total)
@@ -349,9 +366,9 @@ func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func(
 			}
 			logServiceTails(t, c, []string{"containerd", "kubelet"}, 30)
 		}
-		t.Fatalf("lab up: %v\n%s", err, tail(progress.String(), 40))
+		return res, down, fmt.Errorf("lab up: %w\n%s", err, tail(progress.String(), 40))
 	}
-	return res, down
+	return res, down, nil
 }
 
 // sweepOrphanLabs removes the namespaces of test labs whose test process

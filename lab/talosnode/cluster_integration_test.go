@@ -338,6 +338,27 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 		}
 		return nil
 	})
+	// Shutting one of three down keeps etcd's quorum only once all three
+	// are voting members, which Talos's health check waits for too: the
+	// registered Nodes alone do not say so (a control plane's kubelet
+	// registers before its etcd has joined).
+	first := configClient(t, c.talos, c.nodes[0].api)
+	eventually(t, 5*time.Minute, "three voting etcd members", func() error {
+		resp, err := first.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+		if err != nil {
+			return err
+		}
+		var voting []string
+		for _, m := range resp.GetMessages()[0].GetMembers() {
+			if !m.GetIsLearner() {
+				voting = append(voting, m.GetHostname())
+			}
+		}
+		if len(voting) != 3 {
+			return fmt.Errorf("voting members: %v", voting)
+		}
+		return nil
+	})
 	var before map[string]string
 	eventually(t, 3*time.Minute, "the leases held", func() (err error) {
 		before, err = holders(c.nodes[0])

@@ -58,6 +58,8 @@ func (n *Node) joinEtcd(ctx context.Context, mc config.Config, hostname string) 
 		}
 		if attempt%15 == 0 {
 			n.log.Info("join etcd: waiting for the cluster's etcd", "err", err)
+		} else {
+			n.log.Debug("join etcd: waiting for the cluster's etcd", "err", err)
 		}
 		select {
 		case <-ctx.Done():
