@@ -21,11 +21,16 @@ import (
 type clusterState struct {
 	ready    []string // Nodes whose Ready condition is True
 	notReady []string
-	coreDNS  bool // the CoreDNS Deployment is Available
+	coreDNS  bool     // the CoreDNS Deployment is Available
+	dnsPods  []string // CoreDNS's pods: name, phase and node
+	err      error    // the API's answer when it gave none of the above
 }
 
 func (s clusterState) String() string {
-	return fmt.Sprintf("Ready nodes %v, not ready %v, CoreDNS available %v", s.ready, s.notReady, s.coreDNS)
+	if s.err != nil {
+		return fmt.Sprintf("the API did not answer: %v", s.err)
+	}
+	return fmt.Sprintf("Ready nodes %v, not ready %v, CoreDNS available %v (pods: %v)", s.ready, s.notReady, s.coreDNS, s.dnsPods)
 }
 
 // waitKubernetes polls the lab's cluster, from inside its namespace,
@@ -76,19 +81,34 @@ func (c *Config) waitKubernetes(ctx context.Context, kubeconfig string, start ti
 
 func observe(ctx context.Context, cs kubernetes.Interface) clusterState {
 	var s clusterState
-	if nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
-		for _, n := range nodes.Items {
-			if nodeReady(n) {
-				s.ready = append(s.ready, n.Name)
-			} else {
-				s.notReady = append(s.notReady, n.Name)
-			}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.err = err
+		return s
+	}
+	for _, n := range nodes.Items {
+		if nodeReady(n) {
+			s.ready = append(s.ready, n.Name)
+		} else {
+			s.notReady = append(s.notReady, n.Name)
 		}
 	}
 	slices.Sort(s.ready)
 	slices.Sort(s.notReady)
 	if d, err := cs.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{}); err == nil {
 		s.coreDNS = deploymentAvailable(d)
+	}
+	// Where CoreDNS's pods are, for the error when it never gets
+	// available: not scheduled, not running, or running but not ready.
+	if pods, err := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"}); err == nil {
+		for _, p := range pods.Items {
+			node := p.Spec.NodeName
+			if node == "" {
+				node = "unscheduled"
+			}
+			s.dnsPods = append(s.dnsPods, fmt.Sprintf("%s %s on %s", p.Name, p.Status.Phase, node))
+		}
+		slices.Sort(s.dnsPods)
 	}
 	return s
 }

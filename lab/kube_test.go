@@ -2,13 +2,16 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // lab status names the pods whose image cannot be pulled (an unreachable
@@ -54,5 +57,29 @@ func TestObserve(t *testing.T) {
 	s := observe(context.Background(), cs)
 	if strings.Join(s.ready, ",") != "cp1" || strings.Join(s.notReady, ",") != "w1" || !s.coreDNS {
 		t.Errorf("observed %s", s)
+	}
+}
+
+// When CoreDNS never gets available, lab up's error says where its pods
+// are (a bench run had both Pending, unscheduled, for 15 minutes), and
+// when the API does not answer it says so instead of listing no nodes.
+func TestObserveExplains(t *testing.T) {
+	cs := fake.NewClientset(
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "coredns"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "coredns-b", Labels: map[string]string{"k8s-app": "kube-dns"}},
+			Status: corev1.PodStatus{Phase: corev1.PodPending}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "coredns-a", Labels: map[string]string{"k8s-app": "kube-dns"}},
+			Spec: corev1.PodSpec{NodeName: "w1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-proxy-x", Labels: map[string]string{"k8s-app": "kube-proxy"}}},
+	)
+	got := observe(context.Background(), cs).String()
+	if want := "CoreDNS available false (pods: [coredns-a Running on w1 coredns-b Pending on unscheduled])"; !strings.Contains(got, want) {
+		t.Errorf("observed %q, want it to contain %q", got, want)
+	}
+	cs.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("TLS handshake timeout")
+	})
+	if got := observe(context.Background(), cs).String(); got != "the API did not answer: TLS handshake timeout" {
+		t.Errorf("observed %q with the API down", got)
 	}
 }
