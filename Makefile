@@ -91,7 +91,7 @@ e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (
 		$(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 
 .PHONY: bench
-bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab: 3 and 6 nodes API-only, 2 and 3 with real nodes (root; installs the peers)
+bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab: 3 nodes three times and 6 API-only, 2 and 3 with real nodes (root; installs the peers)
 	hack/install-deps.sh bench
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" \
 		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ ./operators/tenantcluster/ | grep -v -e '^=== RUN' -e '^--- PASS'

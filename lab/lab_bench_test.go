@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +16,15 @@ import (
 )
 
 // TestBenchLab is the lab's part of `make bench`: `cozyctl lab up` of 3
-// and then 6 nodes (mixed firmware, one control plane), each torn down
-// before the next, printing the wall time of each step and bootstrap
-// milestone side by side and the 6/3 ratio. Goals (issue 5): under TCG 3
-// nodes in ≤ 180 s and 6 in ≤ 1.5× that; with KVM 3 nodes in ≤ 60 s.
+// nodes three times and then of 6 (mixed firmware, one control plane,
+// API-only under TCG), each torn down before the next, printing the wall
+// time of each step and bootstrap milestone side by side, the spread of
+// the 3-node time, and how much of each run's wall time went beyond its
+// VMs' own CPU time spread over the host's cores. Goals: 3 nodes in
+// ≤ 180 s under TCG (≤ 60 s with KVM, issue 5), and at 3 and 6 nodes
+// ≤ 20 % of the wall time beyond the VMs' CPU time / cores (issue 23:
+// on 2 cores the VMs are CPU-bound, so the time the lab itself controls
+// is what it spends waiting, not how the wall time grows with nodes).
 // COZY_BENCH_ACCEL=kvm|tcg|auto picks the accelerator (default auto).
 func TestBenchLab(t *testing.T) {
 	requireLab(t)
@@ -27,7 +33,7 @@ func TestBenchLab(t *testing.T) {
 		accel = "auto"
 	}
 	var results []*lab.Result
-	for i, nodes := range []int{3, 6} {
+	for i, nodes := range []int{3, 3, 3, 6} {
 		c := lab.Config{Name: fmt.Sprintf("lb%d%d", os.Getpid()%10000, i), Nodes: nodes, ControlPlanes: 1,
 			Firmware: lab.FirmwareMixed, Accel: accel, Dir: t.TempDir()}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -36,9 +42,10 @@ func TestBenchLab(t *testing.T) {
 		down()
 		results = append(results, res)
 	}
-	small, big := results[0], results[1]
+	smalls, big := results[:3], results[3]
+	small := smalls[0]
 	var b strings.Builder
-	fmt.Fprintf(&b, "lab up, %s, wall time (milestones: when the last machine got there):\n", small.Accel)
+	fmt.Fprintf(&b, "lab up, %s, %d cores, wall time (milestones: when the last machine got there):\n", small.Accel, runtime.NumCPU())
 	fmt.Fprintf(&b, "  %-34s %10s %10s %7s\n", "", "3 nodes", "6 nodes", "6/3")
 	row := func(name string, a, c time.Duration) {
 		fmt.Fprintf(&b, "  %-34s %10s %10s %6.2fx\n", name, a.Round(100*time.Millisecond), c.Round(100*time.Millisecond), c.Seconds()/a.Seconds())
@@ -56,33 +63,63 @@ func TestBenchLab(t *testing.T) {
 		}
 	}
 	row("total", small.Total, big.Total)
-	// What the VMs cost: under TCG the lab is CPU-bound, so this, not
-	// waiting, is what grows with the node count.
-	cpu := func(r *lab.Result) (all, per time.Duration) {
-		for _, v := range r.VMCPU {
-			all += v.CPU
-		}
-		if len(r.VMCPU) > 0 {
-			per = all / time.Duration(len(r.VMCPU))
-		}
-		return all, per
-	}
-	smallAll, smallPer := cpu(small)
-	bigAll, bigPer := cpu(big)
-	row("CPU of all VMs", smallAll, bigAll)
-	row("CPU per VM", smallPer, bigPer)
-	for _, r := range results {
+	row("CPU of all VMs", vmCPU(small), vmCPU(big))
+	for _, r := range []*lab.Result{small, big} {
 		for _, v := range r.VMCPU {
 			fmt.Fprintf(&b, "  %d nodes: %-4s %-12s %-5s CPU %s\n", r.Nodes, v.Machine, v.Role, v.Firmware, v.CPU.Round(100*time.Millisecond))
 		}
 	}
+	var totals []time.Duration
+	worst := 0.0
+	for i, r := range results {
+		if r.Nodes == 3 {
+			totals = append(totals, r.Total)
+		}
+		share := beyondCPU(r)
+		worst = max(worst, share)
+		fmt.Fprintf(&b, "  run %d, %d nodes: %s in all, CPU of all VMs %s, %.0f %% of the wall time beyond the VMs' CPU / cores\n",
+			i+1, r.Nodes, r.Total.Round(100*time.Millisecond), vmCPU(r).Round(time.Second), 100*share)
+	}
+	slices.Sort(totals)
+	median := totals[len(totals)/2]
+	fmt.Fprintf(&b, "  3 nodes over %d runs: median %s, min %s, max %s\n", len(totals),
+		median.Round(100*time.Millisecond), totals[0].Round(100*time.Millisecond), totals[len(totals)-1].Round(100*time.Millisecond))
 	goal := 180 * time.Second
 	if small.Accel == "kvm" {
 		goal = 60 * time.Second
 	}
-	fmt.Fprintf(&b, "goals: 3 nodes ≤ %s (%s: %s), 6 nodes ≤ 1.5× 3 nodes (%.2fx)\n",
-		goal, small.Accel, small.Total.Round(time.Second), big.Total.Seconds()/small.Total.Seconds())
+	fmt.Fprintf(&b, "goals: 3 nodes ≤ %s (%s, median of 3 runs); at 3 and 6 nodes ≤ 20 %% of the wall time beyond the VMs' CPU / cores\n", goal, small.Accel)
+	var misses []string
+	if median > goal {
+		misses = append(misses, fmt.Sprintf("3 nodes %s vs %s", median.Round(time.Second), goal))
+	}
+	if worst > 0.2 {
+		misses = append(misses, fmt.Sprintf("%.0f %% beyond the VMs' CPU vs 20 %%", 100*worst))
+	}
+	verdict := "PASS"
+	if len(misses) > 0 {
+		verdict = "MISS: " + strings.Join(misses, "; ")
+	}
+	fmt.Fprintf(&b, "verdict: %s\n", verdict)
 	t.Log("\n" + b.String())
+}
+
+// vmCPU is the CPU time all of a lab's VMs used during lab up.
+func vmCPU(r *lab.Result) time.Duration {
+	var all time.Duration
+	for _, v := range r.VMCPU {
+		all += v.CPU
+	}
+	return all
+}
+
+// beyondCPU is the share of lab up's wall time beyond its VMs' CPU time
+// spread over the host's cores: under TCG the VMs are CPU-bound, so this
+// is the time the lab spends waiting (its own steps, timers, a core left
+// idle), the part of the wall time the lab itself controls.
+func beyondCPU(r *lab.Result) float64 {
+	spread := vmCPU(r) / time.Duration(runtime.NumCPU())
+	return (r.Total - spread).Seconds() / r.Total.Seconds()
 }
 
 // TestBenchLabNodes is the real-node part of `make bench`: `cozyctl lab
@@ -146,22 +183,14 @@ func TestBenchLabNodes(t *testing.T) {
 		c, cok := at(runs[1], name)
 		fmt.Fprintf(&b, "  %-40s %12s %12s\n", name, cell(a, aok), cell(c, cok))
 	}
-	// Under TCG the VMs are CPU-bound: the wall time is their CPU time
-	// spread over the host's cores, and what is left over is waiting
-	// (the lab's own steps, timers, a core left idle).
 	beyond := make([]float64, len(runs))
 	row := func(name string, f func(i int, r run) string) {
 		fmt.Fprintf(&b, "  %-40s %12s %12s\n", name, f(0, runs[0]), f(1, runs[1]))
 	}
 	row("lab up in all", func(_ int, r run) string { return r.res.Total.Round(time.Second).String() })
 	row("CPU of all VMs", func(i int, r run) string {
-		var all time.Duration
-		for _, v := range r.res.VMCPU {
-			all += v.CPU
-		}
-		spread := all / time.Duration(cores)
-		beyond[i] = (r.res.Total - spread).Seconds() / r.res.Total.Seconds()
-		return all.Round(time.Second).String()
+		beyond[i] = beyondCPU(r.res)
+		return vmCPU(r.res).Round(time.Second).String()
 	})
 	row("time beyond the VMs' CPU / cores", func(i int, _ run) string { return fmt.Sprintf("%.0f %%", 100*beyond[i]) })
 	for _, r := range runs {
