@@ -28,10 +28,7 @@ import (
 // COZY_BENCH_ACCEL=kvm|tcg|auto picks the accelerator (default auto).
 func TestBenchLab(t *testing.T) {
 	requireLab(t)
-	accel := os.Getenv("COZY_BENCH_ACCEL")
-	if accel == "" {
-		accel = "auto"
-	}
+	accel := benchAccel()
 	var results []*lab.Result
 	for i, nodes := range []int{3, 3, 3, 6} {
 		c := lab.Config{Name: fmt.Sprintf("lb%d%d", os.Getpid()%10000, i), Nodes: nodes, ControlPlanes: 1,
@@ -42,8 +39,7 @@ func TestBenchLab(t *testing.T) {
 		down()
 		results = append(results, res)
 	}
-	smalls, big := results[:3], results[3]
-	small := smalls[0]
+	small, big := results[0], results[3]
 	var b strings.Builder
 	fmt.Fprintf(&b, "lab up, %s, %d cores, wall time (milestones: when the last machine got there):\n", small.Accel, runtime.NumCPU())
 	fmt.Fprintf(&b, "  %-34s %10s %10s %7s\n", "", "3 nodes", "6 nodes", "6/3")
@@ -64,11 +60,7 @@ func TestBenchLab(t *testing.T) {
 	}
 	row("total", small.Total, big.Total)
 	row("CPU of all VMs", vmCPU(small), vmCPU(big))
-	for _, r := range []*lab.Result{small, big} {
-		for _, v := range r.VMCPU {
-			fmt.Fprintf(&b, "  %d nodes: %-4s %-12s %-5s CPU %s\n", r.Nodes, v.Machine, v.Role, v.Firmware, v.CPU.Round(100*time.Millisecond))
-		}
-	}
+	writeVMCPU(&b, 100*time.Millisecond, small, big)
 	var totals []time.Duration
 	worst := 0.0
 	for i, r := range results {
@@ -104,6 +96,24 @@ func TestBenchLab(t *testing.T) {
 	t.Log("\n" + b.String())
 }
 
+// benchAccel is the accelerator the lab benches use:
+// COZY_BENCH_ACCEL=kvm|tcg|auto (default auto).
+func benchAccel() string {
+	if a := os.Getenv("COZY_BENCH_ACCEL"); a != "" {
+		return a
+	}
+	return "auto"
+}
+
+// writeVMCPU writes each VM's CPU time in the labs rs, rounded.
+func writeVMCPU(b *strings.Builder, round time.Duration, rs ...*lab.Result) {
+	for _, r := range rs {
+		for _, v := range r.VMCPU {
+			fmt.Fprintf(b, "  %d nodes: %-4s %-12s %-5s CPU %s\n", r.Nodes, v.Machine, v.Role, v.Firmware, v.CPU.Round(round))
+		}
+	}
+}
+
 // vmCPU is the CPU time all of a lab's VMs used during lab up.
 func vmCPU(r *lab.Result) time.Duration {
 	var all time.Duration
@@ -134,15 +144,11 @@ func beyondCPU(r *lab.Result) float64 {
 // are expected to miss under TCG, which the verdict says.
 func TestBenchLabNodes(t *testing.T) {
 	requireLab(t)
-	accel := os.Getenv("COZY_BENCH_ACCEL")
-	if accel == "" {
-		accel = "auto"
-	}
+	accel := benchAccel()
 	const wait = 15 * time.Minute // for Ready Nodes and CoreDNS, after the bootstrap
 	type run struct {
-		nodes int
-		res   *lab.Result
-		err   error
+		res *lab.Result
+		err error
 	}
 	var runs []run
 	for i, nodes := range []int{2, 3} {
@@ -158,7 +164,7 @@ func TestBenchLabNodes(t *testing.T) {
 		if err != nil && nodes == 2 {
 			t.Errorf("2 nodes: %v", err) // make e2e shows these pass
 		}
-		runs = append(runs, run{nodes, res, err})
+		runs = append(runs, run{res, err})
 	}
 	cores := runtime.NumCPU()
 	var b strings.Builder
@@ -183,29 +189,22 @@ func TestBenchLabNodes(t *testing.T) {
 		c, cok := at(runs[1], name)
 		fmt.Fprintf(&b, "  %-40s %12s %12s\n", name, cell(a, aok), cell(c, cok))
 	}
-	beyond := make([]float64, len(runs))
-	row := func(name string, f func(i int, r run) string) {
-		fmt.Fprintf(&b, "  %-40s %12s %12s\n", name, f(0, runs[0]), f(1, runs[1]))
+	row := func(name string, f func(r *lab.Result) string) {
+		fmt.Fprintf(&b, "  %-40s %12s %12s\n", name, f(runs[0].res), f(runs[1].res))
 	}
-	row("lab up in all", func(_ int, r run) string { return r.res.Total.Round(time.Second).String() })
-	row("CPU of all VMs", func(i int, r run) string {
-		beyond[i] = beyondCPU(r.res)
-		return vmCPU(r.res).Round(time.Second).String()
-	})
-	row("time beyond the VMs' CPU / cores", func(i int, _ run) string { return fmt.Sprintf("%.0f %%", 100*beyond[i]) })
-	for _, r := range runs {
-		for _, v := range r.res.VMCPU {
-			fmt.Fprintf(&b, "  %d nodes: %-4s %-12s %-5s CPU %s\n", r.nodes, v.Machine, v.Role, v.Firmware, v.CPU.Round(time.Second))
-		}
-	}
+	row("lab up in all", func(r *lab.Result) string { return r.Total.Round(time.Second).String() })
+	row("CPU of all VMs", func(r *lab.Result) string { return vmCPU(r).Round(time.Second).String() })
+	row("time beyond the VMs' CPU / cores", func(r *lab.Result) string { return fmt.Sprintf("%.0f %%", 100*beyondCPU(r)) })
+	writeVMCPU(&b, time.Second, runs[0].res, runs[1].res)
 	three := runs[1]
 	dns, ok := at(three, "CoreDNS available")
+	beyond := beyondCPU(three.res)
 	verdict := "PASS"
 	switch {
 	case !ok:
 		verdict = fmt.Sprintf("MISS (CoreDNS not available within %s of the bootstrap: %v)", wait, three.err)
-	case dns > 300*time.Second || beyond[1] > 0.2:
-		verdict = fmt.Sprintf("MISS (%s, %.0f %% beyond the VMs' CPU)", dns.Round(time.Second), 100*beyond[1])
+	case dns > 300*time.Second || beyond > 0.2:
+		verdict = fmt.Sprintf("MISS (%s, %.0f %% beyond the VMs' CPU)", dns.Round(time.Second), 100*beyond)
 	}
 	fmt.Fprintf(&b, "goal: 3 nodes to every Node Ready and CoreDNS available ≤ 300 s, time beyond the VMs' CPU / cores ≤ 20 %%\n")
 	fmt.Fprintf(&b, "peer: Talos's own local clusters, from its docs (docs/lab.md#measured); its QEMU provisioner needs KVM\n")
