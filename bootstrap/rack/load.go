@@ -101,6 +101,7 @@ func Parse(data []byte, name, dir string) (*Rack, error) {
 	}
 
 	ps = append(ps, r.loadPatchFiles(dir)...)
+	ps = append(ps, r.checkBMCs(dir)...)
 	r.setDefaults()
 	ps = append(ps, r.validate()...)
 	if len(ps) > 0 {

@@ -165,6 +165,26 @@ type Machine struct {
 	Install    Install     `yaml:"install" json:"install"`
 	Interfaces []Interface `yaml:"interfaces,omitempty" json:"interfaces,omitempty"`
 	Patches    []Patch     `yaml:"patches,omitempty" json:"patches,omitempty"`
+	// BMC is the server's management controller, if Cozy may drive it.
+	BMC *BMC `yaml:"bmc,omitempty" json:"bmc,omitempty"`
+}
+
+// BMC is how Cozy reaches a machine's baseboard management controller.
+type BMC struct {
+	// Address is redfish+https://HOST[:PORT][/redfish/v1/Systems/ID]
+	// (redfish+http:// for a BMC without TLS) or ipmi://HOST[:PORT].
+	Address string `yaml:"address" json:"address"`
+	// CredentialsFile holds the BMC's username and password (YAML),
+	// mode 0600, read relative to the rack file. Credentials never go
+	// in the rack itself.
+	CredentialsFile string `yaml:"credentialsFile" json:"credentialsFile"`
+	// InsecureSkipVerify accepts the BMC's TLS certificate unchecked
+	// (BMCs often ship self-signed ones).
+	InsecureSkipVerify bool `yaml:"insecureSkipVerify,omitempty" json:"insecureSkipVerify,omitempty"`
+
+	// credentialsPath is CredentialsFile resolved against the rack's
+	// directory, set by Load.
+	credentialsPath string
 }
 
 // Install says where Talos goes.

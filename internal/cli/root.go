@@ -86,6 +86,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newTenantCommand(g))
 	root.AddCommand(newImagesCommand(g))
 	root.AddCommand(newRegistryCommand(g))
+	root.AddCommand(newMachineCommand(g))
 	return root, g
 }
 

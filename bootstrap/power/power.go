@@ -1,0 +1,170 @@
+// Package power drives a rack's machines through their BMCs: the use
+// cases behind `cozyctl machine` (power, one-time PXE, inventory) and the
+// bootstrap's power-on, each run on many machines at once with a bound
+// and a per-machine result.
+package power
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/bootstrap/rack"
+)
+
+// Options bound a run over many BMCs.
+type Options struct {
+	// Parallel is how many BMCs are driven at once (bmc.DefaultParallel).
+	Parallel int
+	// Timeout bounds each request to a BMC (bmc.DefaultTimeout).
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+// Row is one machine's result.
+type Row struct {
+	Machine   string          `json:"machine"`
+	BMC       string          `json:"bmc"`
+	Power     bmc.PowerState  `json:"power,omitempty"`
+	Boot      *bmc.BootChange `json:"boot,omitempty"`
+	Inventory *bmc.Inventory  `json:"inventory,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// Op is what a run does with one machine's BMC, filling its row.
+type Op func(ctx context.Context, c bmc.Controller, row *Row) error
+
+// Status reads the power state.
+func Status(ctx context.Context, c bmc.Controller, row *Row) error {
+	var err error
+	row.Power, err = c.PowerState(ctx)
+	return err
+}
+
+// Act runs a power action and reads the state it left.
+func Act(a bmc.Action) Op {
+	return func(ctx context.Context, c bmc.Controller, row *Row) error {
+		if err := c.Power(ctx, a); err != nil {
+			return err
+		}
+		return Status(ctx, c, row)
+	}
+}
+
+// BootPXEOnce sets a one-time network boot.
+func BootPXEOnce(ctx context.Context, c bmc.Controller, row *Row) error {
+	ch, err := c.BootPXEOnce(ctx)
+	if err != nil {
+		return err
+	}
+	row.Boot = &ch
+	return Status(ctx, c, row)
+}
+
+// Inspect reads the hardware inventory.
+func Inspect(ctx context.Context, c bmc.Controller, row *Row) error {
+	inv, err := c.Inspect(ctx)
+	if err != nil {
+		return err
+	}
+	row.Inventory, row.Power = &inv, inv.PowerState
+	return nil
+}
+
+// Select picks machines by hostname, or every machine with a BMC when
+// all is set. Naming a machine without one is an error that says so.
+func Select(r *rack.Rack, names []string, all bool) ([]*rack.Machine, error) {
+	switch {
+	case all && len(names) > 0:
+		return nil, fmt.Errorf("give machine names or --all, not both")
+	case all:
+		var ms []*rack.Machine
+		for i := range r.Machines {
+			if r.Machines[i].BMC != nil {
+				ms = append(ms, &r.Machines[i])
+			}
+		}
+		if len(ms) == 0 {
+			return nil, fmt.Errorf("no machine in the rack has a bmc")
+		}
+		return ms, nil
+	case len(names) == 0:
+		return nil, fmt.Errorf("name the machines, or give --all")
+	}
+	var ms []*rack.Machine
+	for _, n := range names {
+		i := slices.IndexFunc(r.Machines, func(m rack.Machine) bool { return m.Hostname == n })
+		switch {
+		case i < 0:
+			return nil, fmt.Errorf("no machine %q in the rack (it has %s)", n, hostnames(r))
+		case r.Machines[i].BMC == nil:
+			return nil, fmt.Errorf("machine %s has no bmc in the rack", n)
+		}
+		ms = append(ms, &r.Machines[i])
+	}
+	return ms, nil
+}
+
+func hostnames(r *rack.Rack) string {
+	var hs []string
+	for _, m := range r.Machines {
+		hs = append(hs, m.Hostname)
+	}
+	return strings.Join(hs, ", ")
+}
+
+// Run does op on every machine's BMC, at most opts.Parallel at once. A
+// machine's failure is in its row; the others go on.
+func Run(ctx context.Context, ms []*rack.Machine, opts Options, op Op) []Row {
+	byName := map[string]*rack.Machine{}
+	var names []string
+	for _, m := range ms {
+		byName[m.Hostname] = m
+		names = append(names, m.Hostname)
+	}
+	results := bmc.Each(ctx, names, opts.Parallel, func(ctx context.Context, name string) (Row, error) {
+		m := byName[name]
+		row := Row{Machine: name, BMC: m.BMC.Address}
+		target, err := m.BMCTarget()
+		if err != nil {
+			return row, err
+		}
+		target.Timeout = opts.Timeout
+		c, err := bmc.Dial(ctx, target)
+		if err != nil {
+			return row, err
+		}
+		defer c.Close()
+		return row, op(ctx, c, &row)
+	})
+	rows := make([]Row, len(results))
+	for i, r := range results {
+		rows[i] = r.Value
+		rows[i].Machine = r.Machine
+		if rows[i].BMC == "" {
+			rows[i].BMC = byName[r.Machine].BMC.Address
+		}
+		if r.Err != nil {
+			rows[i].Error = r.Err.Error()
+			if opts.Log != nil {
+				opts.Log.Warn("BMC failed", "machine", r.Machine, "err", r.Err)
+			}
+		}
+	}
+	return rows
+}
+
+// Failed counts the rows with an error.
+func Failed(rows []Row) int {
+	n := 0
+	for _, r := range rows {
+		if r.Error != "" {
+			n++
+		}
+	}
+	return n
+}

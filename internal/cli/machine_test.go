@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"cozy.dev/cozy/bootstrap/power"
+	"cozy.dev/cozy/lab/redfishbmc"
+)
+
+type vm struct {
+	mu      sync.Mutex
+	on      bool
+	netboot bool
+}
+
+func (m *vm) Running(context.Context) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.on, nil
+}
+func (m *vm) Start(_ context.Context, netboot bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.on, m.netboot = true, netboot
+	return nil
+}
+func (m *vm) Stop(context.Context, bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.on = false
+	return nil
+}
+func (m *vm) Restart(_ context.Context, netboot bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.netboot = netboot
+	return nil
+}
+
+// bmcRack writes a rack of three machines: two with lab BMCs on loopback,
+// one whose BMC address answers nothing.
+func bmcRack(t *testing.T) (string, map[string]*vm) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bmc.yaml"), []byte("username: admin\npassword: hunter2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vms := map[string]*vm{}
+	var machines strings.Builder
+	for i, name := range []string{"cp1", "w1", "w2"} {
+		addr := ""
+		if name == "w2" {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr = "http://" + l.Addr().String()
+			l.Close()
+		} else {
+			vms[name] = &vm{}
+			srv := httptest.NewServer(redfishbmc.New(redfishbmc.Credentials{Username: "admin", Password: "hunter2"}, slog.New(slog.DiscardHandler),
+				redfishbmc.System{ID: name, UUID: fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i), MAC: fmt.Sprintf("52:54:00:00:00:0%d", i+1), CPUs: 1, MemoryMiB: 2048, DiskBytes: 10 << 30, Machine: vms[name]}))
+			t.Cleanup(srv.Close)
+			addr = srv.URL
+		}
+		role := "worker"
+		if name == "cp1" {
+			role = "controlplane"
+		}
+		fmt.Fprintf(&machines, "  - hostname: %s\n    role: %s\n    mac: 52:54:00:00:00:0%d\n    install: {disk: /dev/vda}\n    bmc:\n      address: redfish+%s\n      credentialsFile: bmc.yaml\n", name, role, i+1, addr)
+	}
+	f := filepath.Join(dir, "rack.yaml")
+	doc := "apiVersion: cozy.dev/v1alpha1\nkind: Rack\nmetadata: {name: bmc}\ncluster: {endpoint: \"https://192.168.100.11:6443\"}\nnetwork: {interface: eth1, subnet: 192.168.100.0/24}\nmachines:\n" + machines.String()
+	if err := os.WriteFile(f, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f, vms
+}
+
+func TestMachineCommands(t *testing.T) {
+	rackFile, vms := bmcRack(t)
+
+	out, stderr, code := run("machine", "boot", "pxe", "--once", "cp1", "w1", "--rack", rackFile)
+	if code != 0 || !strings.Contains(out, "Pxe Once") {
+		t.Fatalf("boot pxe: exit %d\n%s%s", code, out, stderr)
+	}
+	out, stderr, code = run("machine", "power", "on", "cp1", "w1", "--rack", rackFile, "-o", "json")
+	var rows []power.Row
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 || rows[0].Power != "On" || rows[1].Power != "On" {
+		t.Fatalf("power on: exit %d\n%s%s", code, out, stderr)
+	}
+	for name, m := range vms {
+		if !m.on || !m.netboot {
+			t.Errorf("%s: on %v, netboot %v; want both", name, m.on, m.netboot)
+		}
+	}
+
+	// --all reaches w2's dead BMC: its row says why, the others are done,
+	// and the command fails.
+	out, stderr, code = run("machine", "power", "status", "--all", "--rack", rackFile, "--timeout", "5s")
+	if code == 0 || !strings.Contains(stderr, "1 of 3 machines failed") {
+		t.Errorf("status --all: exit %d, stderr %s", code, stderr)
+	}
+	for _, want := range []string{"cp1 ", "w1 ", "On", "w2 ", "cannot reach the BMC"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out+stderr, "hunter2") {
+		t.Error("the output carries the BMC password")
+	}
+
+	out, stderr, code = run("machine", "inspect", "w1", "--rack", rackFile)
+	if code != 0 || !strings.Contains(out, "52:54:00:00:00:02") || !strings.Contains(out, "vda 10G") {
+		t.Errorf("inspect: exit %d\n%s%s", code, out, stderr)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"power", "bounce", "cp1"}, `unknown power action "bounce"`},
+		{[]string{"power", "on"}, "name the machines, or give --all"},
+		{[]string{"power", "on", "cp9"}, `no machine "cp9" in the rack (it has cp1, w1, w2)`},
+		{[]string{"power", "on", "--all", "cp1"}, "not both"},
+		{[]string{"boot", "pxe", "cp1"}, "give --once"},
+		{[]string{"boot", "disk", "--once", "cp1"}, `unknown boot device "disk"`},
+	} {
+		_, stderr, code := run(append(append([]string{"machine"}, tc.args...), "--rack", rackFile)...)
+		if code == 0 || !strings.Contains(stderr, tc.err) {
+			t.Errorf("machine %v: exit %d, stderr %s; want %q", tc.args, code, stderr, tc.err)
+		}
+	}
+}
+
+// TestRackRefusesOpenCredentials: a credentials file others can read
+// fails rack validation, naming the fix.
+func TestRackRefusesOpenCredentials(t *testing.T) {
+	rackFile, _ := bmcRack(t)
+	if err := os.Chmod(filepath.Join(filepath.Dir(rackFile), "bmc.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := run("rack", "validate", rackFile)
+	if code == 0 || !strings.Contains(out, "machines[0].bmc.credentialsFile") || !strings.Contains(out, "chmod 600") {
+		t.Errorf("exit %d\n%s%s", code, out, stderr)
+	}
+}
