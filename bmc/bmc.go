@@ -3,6 +3,7 @@ package bmc
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 )
 
@@ -122,6 +123,9 @@ type Target struct {
 	InsecureSkipVerify bool
 	// Timeout bounds each request; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// DialContext, if set, opens connections to the BMC (tests and the
+	// lab dial inside a network namespace).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // DefaultTimeout bounds one request to a BMC: long enough for slow BMCs,

@@ -31,8 +31,12 @@ type redfish struct {
 }
 
 func dialRedfish(ctx context.Context, t Target) (*redfish, error) {
+	dial := t.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: t.Timeout}).DialContext
+	}
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: t.Timeout}).DialContext,
+		DialContext:         dial,
 		TLSHandshakeTimeout: t.Timeout,
 		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.InsecureSkipVerify}, //nolint:gosec // the rack's choice, for self-signed BMCs
 		ForceAttemptHTTP2:   true,

@@ -56,6 +56,11 @@ type Options struct {
 	Timeout time.Duration
 	// Poll is how often waits retry (default 2s).
 	Poll time.Duration
+	// NetbootTimeout is how long a machine powered on through its BMC
+	// has to reach the netboot server before it is power-cycled once
+	// more, and then reported (default 10m: a large server's firmware
+	// can take minutes to train its memory).
+	NetbootTimeout time.Duration
 	// Events receives every phase change; may be nil.
 	Events func(Event)
 	Log    *slog.Logger
@@ -114,6 +119,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	if opts.Poll == 0 {
 		opts.Poll = 2 * time.Second
+	}
+	if opts.NetbootTimeout == 0 {
+		opts.NetbootTimeout = 10 * time.Minute
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -315,19 +323,28 @@ func (b *run) install(ctx context.Context, m *rack.Machine) error {
 }
 
 // discover waits until the machine shows up in the netboot inventory and
-// answers on Talos's API, and checks it is the machine the rack means.
+// answers on Talos's API, and checks it is the machine the rack means. A
+// machine with a BMC that has not been seen yet is powered into a
+// one-time network boot first, and power-cycled once more if it does not
+// netboot within NetbootTimeout.
 func (b *run) discover(ctx context.Context, m *rack.Machine) (netip.Addr, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	defer cancel()
+	pw := b.newPowerer(m)
 	var last error
 	for {
 		ip, err := b.lookup(m)
 		if err == nil {
+			pw.netbooted(ctx)
 			if b.configured(ctx, ip) {
 				return ip, nil
 			}
 			if err = b.confirm(ctx, m, ip); err == nil {
 				return ip, b.advance(m, state.Discovered, ip)
+			}
+		} else if errors.Is(err, errNotSeen) {
+			if perr := pw.power(ctx); perr != nil {
+				return netip.Addr{}, perr
 			}
 		}
 		if last == nil || err.Error() != last.Error() {
@@ -336,11 +353,14 @@ func (b *run) discover(ctx context.Context, m *rack.Machine) (netip.Addr, error)
 		last = err
 		select {
 		case <-ctx.Done():
-			return netip.Addr{}, fmt.Errorf("not found within %s: %w (is it powered on and netbooting?)", b.opts.Timeout, last)
+			return netip.Addr{}, fmt.Errorf("not found within %s: %w (%s)", b.opts.Timeout, last, pw.hint())
 		case <-time.After(b.opts.Poll):
 		}
 	}
 }
+
+// errNotSeen: the netboot server has not seen the machine.
+var errNotSeen = errors.New("not seen by the netboot server yet")
 
 // lookup finds the machine's address in the inventory, by MAC or UUID,
 // and reports machines that are not in the rack, once each.
@@ -364,7 +384,7 @@ func (b *run) lookup(m *rack.Machine) (netip.Addr, error) {
 			return im.IP, nil
 		}
 	}
-	return netip.Addr{}, errors.New("not seen by the netboot server yet")
+	return netip.Addr{}, errNotSeen
 }
 
 func (b *run) inRack(im inventory.Machine) bool {

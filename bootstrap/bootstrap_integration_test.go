@@ -65,6 +65,13 @@ const bootstrapLogLine = "bootstrap: etcd and kube-apiserver started"
 // is extra top-level YAML for the rack file (a cluster: section).
 func newRackRig(t *testing.T, controlPlanes, workers int, rack ...string) *rackRig {
 	t.Helper()
+	return newRackRigWith(t, controlPlanes, workers, nil, rack...)
+}
+
+// newRackRigWith is newRackRig with more YAML for each machine (indented
+// as its fields), from machineYAML(hostname).
+func newRackRigWith(t *testing.T, controlPlanes, workers int, machineYAML func(host string) string, rack ...string) *rackRig {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		prereq.Missing(t, "KUBEBUILDER_ASSETS is not set: run make envtest (the emulated control plane runs a real etcd and kube-apiserver)")
@@ -91,6 +98,9 @@ func newRackRig(t *testing.T, controlPlanes, workers int, rack ...string) *rackR
     interfaces:
       - {mac: "%s", addresses: [%s/24]}
 `, host, role, n.mac, n.mac, n.ip)
+		if machineYAML != nil {
+			machines.WriteString(machineYAML(host))
+		}
 	}
 	for i := range controlPlanes {
 		add(fmt.Sprintf("cp%d", i+1), "controlplane", i+1)

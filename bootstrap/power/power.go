@@ -129,12 +129,7 @@ func Run(ctx context.Context, ms []*rack.Machine, opts Options, op Op) []Row {
 	results := bmc.Each(ctx, names, opts.Parallel, func(ctx context.Context, name string) (Row, error) {
 		m := byName[name]
 		row := Row{Machine: name, BMC: m.BMC.Address}
-		target, err := m.BMCTarget()
-		if err != nil {
-			return row, err
-		}
-		target.Timeout = opts.Timeout
-		c, err := bmc.Dial(ctx, target)
+		c, err := dialMachine(ctx, m, opts.Timeout)
 		if err != nil {
 			return row, err
 		}
@@ -167,4 +162,40 @@ func Failed(rows []Row) int {
 		}
 	}
 	return n
+}
+
+// Netboot makes a machine netboot now through its BMC: a one-time
+// network boot, then power on, or a power cycle if it is on (running an
+// old system, or stuck). The change says what to restore if the BMC
+// could set only a continuous override.
+func Netboot(ctx context.Context, m *rack.Machine, timeout time.Duration) (bmc.BootChange, error) {
+	c, err := dialMachine(ctx, m, timeout)
+	if err != nil {
+		return bmc.BootChange{}, err
+	}
+	defer c.Close()
+	ch, err := c.BootPXEOnce(ctx)
+	if err != nil {
+		return ch, err
+	}
+	return ch, c.Power(ctx, bmc.Cycle)
+}
+
+// RestoreBoot puts back the override a fallback replaced.
+func RestoreBoot(ctx context.Context, m *rack.Machine, b bmc.Boot, timeout time.Duration) error {
+	c, err := dialMachine(ctx, m, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.SetBoot(ctx, b)
+}
+
+func dialMachine(ctx context.Context, m *rack.Machine, timeout time.Duration) (bmc.Controller, error) {
+	target, err := m.BMCTarget()
+	if err != nil {
+		return nil, err
+	}
+	target.Timeout = timeout
+	return bmc.Dial(ctx, target)
 }

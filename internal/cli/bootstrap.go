@@ -160,6 +160,7 @@ changes nothing.`,
 	f.StringVar(&inventoryDir, "inventory", "", "with --no-netboot: that server's --state-dir, whose inventory lists the machines")
 	f.IntVar(&opts.Parallel, "parallel", 8, "machines installing at once (config applied, not yet back installed)")
 	f.DurationVar(&opts.Timeout, "timeout", 30*time.Minute, "longest wait for each step (a machine to appear, to install, etcd, the API)")
+	f.DurationVar(&opts.NetbootTimeout, "netboot-timeout", 10*time.Minute, "how long a machine powered on through its BMC has to netboot before it is power-cycled once more, then reported")
 	f.IntVar(&opts.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
 	_ = f.MarkHidden("talos-port")
 	f.BoolVar(&noPlatform, "no-platform", false, "stop at the kubeconfig: do not install Flux even if the rack has platform.git")

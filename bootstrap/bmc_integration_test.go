@@ -1,0 +1,196 @@
+//go:build integration
+
+package bootstrap_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/lab/redfishbmc"
+)
+
+// rigMachine is a rig node behind a BMC: powered on into a network boot
+// it takes a DHCP lease and starts its emulated Talos node, as a server
+// netbooting into maintenance mode. misses power-ons do nothing at all,
+// as firmware that missed the network boot.
+type rigMachine struct {
+	r      *rackRig
+	n      *emuNode
+	ctx    context.Context
+	mu     sync.Mutex
+	on     bool
+	booted bool
+	misses int
+	starts []string
+}
+
+func (m *rigMachine) Running(context.Context) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.on, nil
+}
+
+func (m *rigMachine) Start(_ context.Context, netboot bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.on = true
+	m.starts = append(m.starts, fmt.Sprintf("netboot=%v", netboot))
+	if !netboot || m.booted {
+		return nil // a disk with no system on it, or already running
+	}
+	if m.misses > 0 {
+		m.misses--
+		return nil
+	}
+	m.booted = true
+	go func() {
+		m.r.dhcp(m.ctx, m.n)
+		m.n.ns.IP(m.r.t, "addr", "add", m.n.ip+"/24", "dev", m.n.iface)
+		m.r.start(m.n)
+	}()
+	return nil
+}
+
+func (m *rigMachine) Stop(context.Context, bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.on = false
+	return nil
+}
+
+func (m *rigMachine) Restart(ctx context.Context, netboot bool) error {
+	return m.Start(ctx, netboot)
+}
+
+func (m *rigMachine) Starts() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.starts...)
+}
+
+// bmcRig is a rack rig whose machines are powered only through one
+// Redfish BMC (the lab's) on the rig's bridge.
+func bmcRig(t *testing.T, ctx context.Context, cps, workers int, misses map[string]int, wrap func(http.Handler) http.Handler) (*rackRig, map[string]*rigMachine) {
+	t.Helper()
+	const bmcAddr = rigSubnet + ".1:8443"
+	r := newRackRigWith(t, cps, workers, func(host string) string {
+		return fmt.Sprintf("    bmc: {address: \"redfish+http://%s/redfish/v1/Systems/%s\", credentialsFile: bmc.yaml}\n", bmcAddr, host)
+	})
+	if err := os.WriteFile(filepath.Join(r.dir, "bmc.yaml"), []byte("username: root\npassword: calvin-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	machines := map[string]*rigMachine{}
+	var systems []redfishbmc.System
+	for _, n := range r.nodes {
+		m := &rigMachine{r: r, n: n, ctx: ctx, misses: misses[n.host]}
+		machines[n.host] = m
+		systems = append(systems, redfishbmc.System{ID: n.host, MAC: n.mac, Machine: m})
+	}
+	var h http.Handler = redfishbmc.New(redfishbmc.Credentials{Username: "root", Password: "calvin-1"}, slog.New(slog.DiscardHandler), systems...)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	var l net.Listener
+	if err := r.ns.Do(func() (err error) { l, err = net.Listen("tcp", bmcAddr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return r, machines
+}
+
+// TestBootstrapPowersOnThroughBMC: no one powers the machines on; the
+// bootstrap does, through their BMC, with a one-time network boot. w1's
+// BMC refuses one-time boots: it gets a continuous one, put back once w1
+// has netbooted. w2's firmware misses its first network boot: it is
+// power-cycled once more after --netboot-timeout.
+func TestBootstrapPowersOnThroughBMC(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	refuseOnceForW1 := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/w1") {
+				body, _ := io.ReadAll(req.Body)
+				if strings.Contains(string(body), `"Once"`) {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusBadRequest)
+					_, _ = io.WriteString(w, `{"error":{"code":"Base.1.8.PropertyValueNotInList","message":"Once is not supported"}}`)
+					return
+				}
+				req.Body = io.NopCloser(strings.NewReader(string(body)))
+			}
+			next.ServeHTTP(w, req)
+		})
+	}
+	r, machines := bmcRig(t, ctx, 1, 2, map[string]int{"w2": 1}, refuseOnceForW1)
+	p := r.bootstrap("--netboot-timeout", "8s")
+	defer r.failLogs(p)
+	powered := map[string][]string{}
+	for e := range p.events {
+		if strings.Contains(e.Message, "through its BMC") {
+			powered[e.Node] = append(powered[e.Node], e.Message)
+		}
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	for host, want := range map[string]int{"cp1": 1, "w1": 1, "w2": 2} {
+		if got := len(powered[host]); got != want {
+			t.Errorf("%s powered on through its BMC %d times, want %d: %q", host, got, want, powered[host])
+		}
+	}
+	if !strings.Contains(strings.Join(powered["w1"], ""), "refused a one-time boot") {
+		t.Errorf("w1's event does not say its BMC refused a one-time boot: %q", powered["w1"])
+	}
+	if !strings.Contains(p.stderr.String(), "boot override restored") {
+		t.Errorf("w1's boot override was not restored:\n%s", tail(p.stderr.String(), 30))
+	}
+	// w1's BMC holds its old override again: the next boot is its disk.
+	addr, _ := bmc.ParseAddress("redfish+http://" + rigSubnet + ".1:8443/redfish/v1/Systems/w1")
+	var change bmc.BootChange
+	c, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: bmc.Credentials{Username: "root", Password: "calvin-1"}, DialContext: r.ns.DialContext})
+	if err == nil {
+		defer c.Close()
+		change, err = c.BootPXEOnce(ctx) // reports the override it found
+	}
+	if err != nil || change.Previous != (bmc.Boot{Target: "None", Enabled: "Disabled"}) {
+		t.Errorf("w1's override after the bootstrap: %+v, %v; want None Disabled", change.Previous, err)
+	}
+	for host, m := range machines {
+		t.Logf("%s power-ons: %v", host, m.Starts())
+	}
+	if strings.Contains(p.stderr.String(), "calvin-1") {
+		t.Error("the bootstrap logged the BMC password")
+	}
+}
+
+// TestBootstrapReportsAMachineThatNeverNetboots: a machine whose BMC
+// powers it on but that never netboots is power-cycled once more and
+// then reported, with what to check.
+func TestBootstrapReportsAMachineThatNeverNetboots(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r, machines := bmcRig(t, ctx, 1, 0, map[string]int{"cp1": 99}, nil)
+	p := r.bootstrap("--netboot-timeout", "3s")
+	for range p.events {
+	}
+	err := <-p.done
+	if err == nil || !strings.Contains(p.stderr.String(), "powered on through its BMC 2 times") || !strings.Contains(p.stderr.String(), "did not netboot within 3s") {
+		t.Fatalf("bootstrap: %v\n%s", err, tail(p.stderr.String(), 20))
+	}
+	if got := len(machines["cp1"].Starts()); got != 2 {
+		t.Errorf("cp1 powered on %d times, want 2", got)
+	}
+}
