@@ -192,6 +192,10 @@ var (
 	// RangeFrom-RangeTo is the DHCP pool for anything not in the rack.
 	RangeFrom = netip.MustParseAddr("192.168.77.100")
 	RangeTo   = netip.MustParseAddr("192.168.77.199")
+	// BMCSubnet is the lab's management network, on the same bridge: each
+	// VM's BMC answers at an address of its own there, as a rack's BMCs
+	// do on theirs.
+	BMCSubnet = netip.MustParsePrefix("192.168.78.0/24")
 )
 
 // Bridge is the namespace's bridge, where the netboot server answers.
@@ -207,6 +211,8 @@ type Machine struct {
 	UUID     string           `json:"uuid"`
 	IP       netip.Addr       `json:"ip"`
 	Tap      string           `json:"tap"`
+	// BMC is the address of the VM's Redfish BMC on BMCSubnet.
+	BMC netip.Addr `json:"bmc"`
 }
 
 // Machines lists the lab's VMs: control planes cp1.., then workers w1..,
@@ -234,6 +240,7 @@ func (c *Config) Machines() []Machine {
 		m.UUID = fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 		m.IP = netip.AddrFrom4([4]byte{192, 168, 77, byte(11 + i)})
 		m.Tap = fmt.Sprintf("tap%d", i)
+		m.BMC = netip.AddrFrom4([4]byte{192, 168, 78, byte(11 + i)})
 		out = append(out, m)
 	}
 	return out
@@ -300,7 +307,11 @@ network:
     interfaces:
       - mac: "%s"
         addresses: [%s/%d]
-`, m.Name, m.Role, m.MACText, m.Firmware, m.UUID, m.MACText, m.IP, Subnet.Bits())
+    bmc:                       # the lab's Redfish BMC of this VM (cozyctl machine power)
+      address: redfish+https://%s
+      credentialsFile: %s
+      insecureSkipVerify: true # its certificate is self-signed, as most BMCs' are
+`, m.Name, m.Role, m.MACText, m.Firmware, m.UUID, m.MACText, m.IP, Subnet.Bits(), m.BMC, BMCCredentialsFile)
 	}
 	return []byte(b.String())
 }

@@ -28,7 +28,9 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"google.golang.org/grpc"
 
+	"cozy.dev/cozy/bmc"
 	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/internal/clustertest"
@@ -160,6 +162,38 @@ func checkBootstrapped(t *testing.T, c *lab.Config, res *lab.Result) {
 	// The kubeconfig answers /version through the cluster endpoint.
 	if v, err := (&netnstest.NS{Name: lab.Namespace(c.Name)}).KubeVersion(res.Kubeconfig); err != nil || !strings.HasPrefix(v, "v1.") {
 		t.Fatalf("/version: %q, %v", v, err)
+	}
+	checkBMCs(t, c)
+}
+
+// checkBMCs: lab up leaves the VMs off and the bootstrap powers them on
+// through their BMCs; `cozyctl machine` then reads each VM's power and
+// hardware from its BMC, inside the lab's namespace.
+func checkBMCs(t *testing.T, c *lab.Config) {
+	t.Helper()
+	self, _ := os.Executable()
+	machine := func(args ...string) []power.Row {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", lab.Namespace(c.Name), self, "machine"},
+			append(args, "--all", "--rack", filepath.Join(c.Dir, lab.RackFile), "-o", "json")...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		var rows []power.Row
+		if err != nil || json.Unmarshal(out, &rows) != nil {
+			t.Fatalf("cozyctl machine %v: %v\n%s%s", args, err, out, stderr.String())
+		}
+		return rows
+	}
+	status := machine("power", "status")
+	inv := machine("inspect")
+	for i, m := range c.Machines() {
+		if i >= len(status) || status[i].Power != bmc.PowerOn {
+			t.Errorf("%s's BMC: %+v, want On", m.Name, status)
+			continue
+		}
+		if got := inv[i].Inventory; got == nil || got.UUID != m.UUID || len(got.NICs) != 1 || got.NICs[0].MAC != m.MACText {
+			t.Errorf("%s's BMC inventory: %+v, want UUID %s and MAC %s", m.Name, got, m.UUID, m.MACText)
+		}
 	}
 }
 

@@ -59,19 +59,39 @@ func TestRackValidates(t *testing.T) {
 		{FirmwareMixed, 3, "https://192.168.77.10:6443"},
 		{FirmwareMixed, 1, "https://192.168.77.11:6443"},
 	} {
-		c := Config{Name: "lab-" + tc.fw, Nodes: 4, ControlPlanes: tc.controlPlanes, Firmware: tc.fw, Dir: "/tmp/lab"}
+		c := Config{Name: "lab-" + tc.fw, Nodes: 4, ControlPlanes: tc.controlPlanes, Firmware: tc.fw, Dir: t.TempDir()}
 		if err := c.SetDefaults(); err != nil {
 			t.Fatal(err)
 		}
-		r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", tc.fw, err, c.Rack())
+		r := labRack(t, &c)
+		for i, m := range r.Machines {
+			target, err := m.BMCTarget()
+			if err != nil || target.Address.String() != "redfish+https://"+c.Machines()[i].BMC.String() || !target.InsecureSkipVerify {
+				t.Errorf("%s's BMC: %+v, %v", m.Hostname, target.Address, err)
+			}
 		}
 		if len(r.ControlPlanes()) != tc.controlPlanes || len(r.Workers()) != 4-tc.controlPlanes || r.Network.DHCP.Mode != "full" || r.Cluster.Endpoint != tc.endpoint {
 			t.Errorf("%s, %d control planes: endpoint %s, %d control planes, %d workers, DHCP %s", tc.fw, tc.controlPlanes,
 				r.Cluster.Endpoint, len(r.ControlPlanes()), len(r.Workers()), r.Network.DHCP.Mode)
 		}
 	}
+}
+
+// labRack writes the lab's BMC account, as lab up does, and parses its
+// rack.
+func labRack(t *testing.T, c *Config) *rack.Rack {
+	t.Helper()
+	if err := c.writeBMCCredentials(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(c.Dir, BMCCredentialsFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the BMC account: %v, %v; want mode 0600", fi, err)
+	}
+	r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.Rack())
+	}
+	return r
 }
 
 // The emulated lab's control planes get leader leases long enough for a
@@ -81,10 +101,7 @@ func TestRackSlowLeases(t *testing.T) {
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, c.Rack())
-	}
+	r := labRack(t, &c)
 	w, err := talosconfig.Write(r, filepath.Join(c.Dir, "configs"))
 	if err != nil {
 		t.Fatal(err)
@@ -161,12 +178,12 @@ func TestQEMUArgs(t *testing.T) {
 		m         Machine
 		want, not []string
 	}{
-		{ms[0], []string{"-machine pc", "-accel tcg", "-m 1024", "mac=" + ms[0].MACText, "ifname=tap0", "-boot order=n",
-			"file=/labs/q/vms/cp1/disk.qcow2,format=qcow2,if=virtio,cache=unsafe", "-serial file:/labs/q/vms/cp1/serial.log", "-uuid " + ms[0].UUID}, []string{"pflash", "romfile="}},
+		{ms[0], []string{"-machine pc", "-accel tcg", "-m 1024", "mac=" + ms[0].MACText, "ifname=tap0", ",bootindex=1",
+			"file=/labs/q/vms/cp1/disk.qcow2,format=qcow2,if=none,id=disk0,cache=unsafe", "virtio-blk-pci,drive=disk0,bootindex=2", "-serial file:/labs/q/vms/cp1/serial.log", "-uuid " + ms[0].UUID}, []string{"pflash", "romfile="}},
 		{ms[1], []string{"-machine q35", ",romfile=", "file=" + OVMFCode, "file=/labs/q/vms/w1/OVMF_VARS.fd"}, nil},
 	}
 	for _, tt := range tests {
-		line := strings.Join(c.qemuArgs(tt.m, "tcg"), " ")
+		line := strings.Join(c.qemuArgs(tt.m, "tcg", true), " ")
 		for _, w := range tt.want {
 			if !strings.Contains(line, w) {
 				t.Errorf("%s: %q missing from\n%s", tt.m.Name, w, line)
@@ -226,11 +243,8 @@ func TestTalosImage(t *testing.T) {
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
 	}
+	r := labRack(t, &c)
 	img, err := TalosImage(context.Background(), &c, f.HTTP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := rack.Parse(c.Rack(), "rack.yaml", c.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}

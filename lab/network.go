@@ -34,6 +34,7 @@ func createNetwork(ctx context.Context, name string, machines []Machine) error {
 	}
 	for _, m := range machines {
 		steps = append(steps,
+			[]string{"addr", "add", fmt.Sprintf("%s/%d", m.BMC, BMCSubnet.Bits()), "dev", Bridge},
 			[]string{"tuntap", "add", "dev", m.Tap, "mode", "tap"},
 			[]string{"link", "set", m.Tap, "master", Bridge},
 			[]string{"link", "set", m.Tap, "up"})

@@ -36,10 +36,30 @@ func (f vmFiles) pid() string    { return filepath.Join(f.dir, "qemu.pid") }
 
 func (c *Config) files(m Machine) vmFiles { return vmFiles{filepath.Join(c.Dir, "vms", m.Name)} }
 
-// qemuArgs is the command line of one VM. accel is kvm or tcg.
-func (c *Config) qemuArgs(m Machine, accel string) []string {
+// vmCPUs is how many vCPUs a VM gets. Under TCG a worker gets one:
+// emulated CPUs of several VMs sharing a small host gain nothing from a
+// second one. A control plane gets two (multi-threaded TCG runs each on a
+// host thread): etcd, the API server, the controllers and a kubelet do
+// not fit in one emulated CPU.
+func vmCPUs(m Machine, accel string) int {
+	if accel == "kvm" || m.Role == "controlplane" {
+		return 2
+	}
+	return 1
+}
+
+// qemuArgs is the command line of one VM. accel is kvm or tcg. netboot
+// puts the NIC first in the boot order (the BMC's one-time network boot),
+// else the disk: a server's usual order. A lab disk holds no boot loader,
+// so a VM booting its disk falls through to the network, as a server
+// with an empty disk does, and the netboot server decides.
+func (c *Config) qemuArgs(m Machine, accel string, netboot bool) []string {
 	f := c.files(m)
-	nic := "virtio-net-pci,netdev=n0,mac=" + m.MACText
+	nicBoot, diskBoot := "2", "1"
+	if netboot {
+		nicBoot, diskBoot = "1", "2"
+	}
+	nic := "virtio-net-pci,netdev=n0,mac=" + m.MACText + ",bootindex=" + nicBoot
 	machine := "pc"
 	if m.Firmware == FirmwareUEFI {
 		// No option ROM: OVMF netboots with its own UEFI PXE, as a
@@ -47,15 +67,7 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 		nic += ",romfile="
 		machine = "q35"
 	}
-	// Under TCG a worker gets one vCPU: emulated CPUs of several VMs
-	// sharing a small host gain nothing from a second one. A control plane
-	// gets two (multi-threaded TCG runs each on a host thread): etcd, the
-	// API server, the controllers and a kubelet do not fit in one emulated
-	// CPU.
-	cpus := "1"
-	if accel == "kvm" || m.Role == "controlplane" {
-		cpus = "2"
-	}
+	cpus := strconv.Itoa(vmCPUs(m, accel))
 	args := []string{
 		"-name", "cozy-lab-" + c.Name + "-" + m.Name,
 		"-machine", machine, "-accel", accel,
@@ -71,10 +83,8 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 		"-device", nic,
 		// cache=unsafe: a lab disk is thrown away with the lab, and under
 		// TCG every guest flush (etcd fsyncs each write) is slow to honour.
-		"-drive", "file=" + f.disk() + ",format=qcow2,if=virtio,cache=unsafe",
-		// The network first, as a rack that netboots: the netboot server
-		// decides whether a machine boots Talos or its disk.
-		"-boot", "order=n",
+		"-drive", "file=" + f.disk() + ",format=qcow2,if=none,id=disk0,cache=unsafe",
+		"-device", "virtio-blk-pci,drive=disk0,bootindex=" + diskBoot,
 		"-pidfile", f.pid(), "-daemonize",
 	}
 	if m.Firmware == FirmwareUEFI {
@@ -87,7 +97,7 @@ func (c *Config) qemuArgs(m Machine, accel string) []string {
 
 // startVM creates the VM's disk and firmware variables on first start and
 // starts QEMU, daemonized, inside the lab's namespace.
-func (c *Config) startVM(ctx context.Context, m Machine, accel string) error {
+func (c *Config) startVM(ctx context.Context, m Machine, accel string, netboot bool) error {
 	f := c.files(m)
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		return err
@@ -110,7 +120,7 @@ func (c *Config) startVM(ctx context.Context, m Machine, accel string) error {
 		}
 	}
 	_ = os.Remove(f.qmp())
-	args := append([]string{"netns", "exec", Namespace(c.Name), "qemu-system-x86_64"}, c.qemuArgs(m, accel)...)
+	args := append([]string{"netns", "exec", Namespace(c.Name), "qemu-system-x86_64"}, c.qemuArgs(m, accel, netboot)...)
 	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: qemu: %v: %s", m.Name, err, strings.TrimSpace(string(out)))

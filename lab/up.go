@@ -120,6 +120,9 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(c.Dir, ConfigFile), append(cfgJSON, '\n'), 0o644); err != nil {
 		return nil, err
 	}
+	if err := c.writeBMCCredentials(); err != nil {
+		return nil, err
+	}
 	rackPath := filepath.Join(c.Dir, RackFile)
 	if err := os.WriteFile(rackPath, c.Rack(), 0o644); err != nil {
 		return nil, err
@@ -168,14 +171,9 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 			return res, err
 		}
 	}
-	if err := step("vms", func() error {
-		for _, m := range machines {
-			if err := c.startVM(ctx, m, res.Accel); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
+	// The VMs stay off: the bootstrap powers each on through its BMC,
+	// with a one-time network boot, as on a rack.
+	if err := step("bmcs", func() error { return c.startBMCs(ctx, o.Cozyctl, res.Accel) }); err != nil {
 		return res, err
 	}
 	args := append(c.BootstrapArgs(img), "-o", "json")

@@ -39,7 +39,7 @@ qemu-system-x86, ovmf and ipxe.`,
 		return lab.Load(dir)
 	}
 	cmd.AddCommand(newLabUpCommand(g, &name, &dir), newLabDownCommand(g, load), newLabStatusCommand(g, load), newLabConsoleCommand(g, load),
-		newLabKubectlCommand(g, load))
+		newLabKubectlCommand(g, load), newLabBMCCommand(g, load))
 	return cmd
 }
 
@@ -304,4 +304,39 @@ kubeconfig the bootstrap fetched. Everything after -- goes to kubectl.`,
 			return nil
 		},
 	}
+}
+
+func newLabBMCCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bmc",
+		Short: "The lab's emulated BMCs",
+	}
+	accel := ""
+	serve := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve one Redfish BMC per lab VM, inside the lab's namespace (lab up starts it)",
+		Long: `Serve one Redfish BMC per VM of the lab, each at its address on the lab's
+management network (192.168.78.0/24 on the lab's bridge), over HTTPS with a
+self-signed certificate and the account in the lab's bmc.yaml. Power goes to
+the VM's QEMU: On starts it, ForceOff quits it, GracefulShutdown presses its
+ACPI power button, ForceRestart resets it; a one-time network boot puts its
+NIC first in the boot order of the next start. 'cozyctl lab up' runs this in
+the lab's namespace; it stops with the namespace at 'lab down'.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if accel != "kvm" && accel != "tcg" {
+				return fmt.Errorf("--accel %q: kvm or tcg", accel)
+			}
+			c, err := load()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return lab.ServeBMCs(ctx, c, accel, g.Logger())
+		},
+	}
+	serve.Flags().StringVar(&accel, "accel", "tcg", "the accelerator VMs start with: kvm or tcg")
+	cmd.AddCommand(serve)
+	return cmd
 }
