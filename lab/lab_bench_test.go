@@ -155,7 +155,7 @@ func TestBenchLabNodes(t *testing.T) {
 		c := lab.Config{Name: fmt.Sprintf("lr%d%d", os.Getpid()%10000, i), Nodes: nodes, ControlPlanes: 1,
 			Firmware: lab.FirmwareMixed, Accel: accel, NodeServices: lab.NodeServicesOn, Dir: t.TempDir()}
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-		res, down, err := tryUpLab(ctx, t, &c, wait)
+		res, down, err := tryUpLab(ctx, t, &c, upOptions{nodesWait: wait})
 		cancel()
 		down()
 		if res == nil {

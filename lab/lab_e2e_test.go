@@ -330,18 +330,25 @@ func requireLab(t *testing.T) {
 // and the bootstrap's output in $COZY_TEST_ARTIFACTS.
 func upLab(ctx context.Context, t *testing.T, c *lab.Config) (*lab.Result, func()) {
 	t.Helper()
-	res, down, err := tryUpLab(ctx, t, c, 0)
+	res, down, err := tryUpLab(ctx, t, c, upOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res, down
 }
 
+// upOptions change how a test brings its lab up.
+type upOptions struct {
+	// nodesWait bounds the wait for Ready nodes and CoreDNS (0: the
+	// tests' default).
+	nodesWait time.Duration
+	// noBootstrap stops with the VMs off and their BMCs answering.
+	noBootstrap bool
+}
+
 // tryUpLab is upLab for a caller that wants lab up's failure, and its
 // partial result, back: on failure it logs what the cluster was doing.
-// nodesWait bounds the wait for Ready nodes and CoreDNS (0: the tests'
-// default).
-func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, nodesWait time.Duration) (*lab.Result, func(), error) {
+func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) (*lab.Result, func(), error) {
 	t.Helper()
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
@@ -358,8 +365,8 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, nodesWait time.D
 	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
 	self, _ := os.Executable()
 	timeout := map[bool]time.Duration{false: 15 * time.Minute, true: 25 * time.Minute}[c.NodeServices == lab.NodeServicesOn]
-	if nodesWait > 0 {
-		timeout = nodesWait
+	if opts.nodesWait > 0 {
+		timeout = opts.nodesWait
 	}
 	res, err := lab.Up(ctx, c, lab.UpOptions{
 		Cozyctl: self,
@@ -373,8 +380,9 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, nodesWait time.D
 			}
 			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
 		},
-		Images: func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
-		Stderr: &progress,
+		Images:      func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
+		Stderr:      &progress,
+		NoBootstrap: opts.noBootstrap,
 		// Each bootstrap wait, and the wait for Ready nodes: under TCG
 		// a real control plane takes long (docs/lab.md#measured).
 		Timeout: timeout,

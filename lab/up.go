@@ -51,7 +51,11 @@ type UpOptions struct {
 	Stderr io.Writer
 	// Timeout bounds each bootstrap wait (cozyctl bootstrap --timeout).
 	Timeout time.Duration
-	Log     *slog.Logger
+	// NoBootstrap stops once the rack stands powered off with its BMCs
+	// answering: the user drives it (cozyctl machine, the bootstrap
+	// command in Result.Bootstrap).
+	NoBootstrap bool
+	Log         *slog.Logger
 }
 
 // PhaseTime is how long one step of `lab up` took.
@@ -84,6 +88,9 @@ type Result struct {
 	// VMCPU is the CPU time each VM's QEMU used during `lab up`: under
 	// TCG, what its emulated work cost this machine.
 	VMCPU []VMCPU `json:"vmCPU,omitempty"`
+	// Bootstrap is the command that bootstraps the lab, for a lab up
+	// with NoBootstrap; run it inside Namespace.
+	Bootstrap []string `json:"bootstrap,omitempty"`
 }
 
 // VMCPU is the CPU time one VM used.
@@ -175,6 +182,11 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	// with a one-time network boot, as on a rack.
 	if err := step("bmcs", func() error { return c.startBMCs(ctx, o.Cozyctl, res.Accel) }); err != nil {
 		return res, err
+	}
+	if o.NoBootstrap {
+		res.Bootstrap = append([]string{o.Cozyctl}, c.BootstrapArgs(img)...)
+		res.Total = time.Since(start).Round(10 * time.Millisecond)
+		return res, nil
 	}
 	args := append(c.BootstrapArgs(img), "-o", "json")
 	if o.Timeout > 0 {

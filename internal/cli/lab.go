@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,8 +46,9 @@ qemu-system-x86, ovmf and ipxe.`,
 
 func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	var (
-		c       lab.Config
-		timeout time.Duration
+		c           lab.Config
+		timeout     time.Duration
+		noBootstrap bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -67,7 +69,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			o := lab.UpOptions{
-				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(),
+				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(), NoBootstrap: noBootstrap,
 				Image: func(ctx context.Context) (lab.Image, error) { return labImage(ctx, &c, g.stderr) },
 			}
 			if c.Image != "talos" {
@@ -79,6 +81,12 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			}
 			if err != nil {
 				return fmt.Errorf("%w\nthe lab is left as it is: cozyctl lab status --name %[2]s; cozyctl lab down --name %[2]s removes it", err, c.Name)
+			}
+			if noBootstrap {
+				ns := lab.Namespace(c.Name)
+				fmt.Fprintf(g.stderr, "lab %[1]s stands powered off, its BMCs answering (docs/power.md):\n  ip netns exec %[2]s %[3]s machine power status --all --rack %[4]s\nbootstrap it:\n  ip netns exec %[2]s %[5]s\n",
+					c.Name, ns, self, filepath.Join(c.Dir, lab.RackFile), strings.Join(res.Bootstrap, " "))
+				return g.Print(labResult{res})
 			}
 			fmt.Fprintf(g.stderr, "lab %s is up (%s): kubeconfig %s\nuse it: cozyctl lab kubectl --name %s -- get nodes\n",
 				c.Name, res.Accel, res.Kubeconfig, c.Name)
@@ -99,6 +107,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
 	f.StringVar(&c.NodeServices, "node-services", lab.NodeServicesAuto, "emulated nodes run kubelet, containerd, the controllers and pods: on, off (the Talos API, etcd and kube-apiserver only), or auto (on under KVM, off under TCG)")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
+	f.BoolVar(&noBootstrap, "no-bootstrap", false, "stop once the rack stands powered off with its BMCs answering, and print the bootstrap command to run yourself")
 	return cmd
 }
 
