@@ -111,6 +111,8 @@ type Controller interface {
 	// SetBoot restores an override BootPXEOnce replaced.
 	SetBoot(ctx context.Context, b Boot) error
 	Inspect(ctx context.Context) (Inventory, error)
+	// Address is the BMC's address with the system it drives.
+	Address() Address
 	Close()
 }
 

@@ -129,6 +129,12 @@ func (r *redfish) get(ctx context.Context) (*schemas.ComputerSystem, error) {
 
 func (r *redfish) Close() { r.api.Logout() }
 
+func (r *redfish) Address() Address {
+	a := r.target.Address
+	a.System = r.system
+	return a
+}
+
 func (r *redfish) PowerState(ctx context.Context) (PowerState, error) {
 	s, err := r.get(ctx)
 	if err != nil {

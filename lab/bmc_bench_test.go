@@ -39,7 +39,7 @@ import (
 func TestBenchLabBMC(t *testing.T) {
 	requireLab(t)
 	c := lab.Config{Name: fmt.Sprintf("lp%d", os.Getpid()%10000), Nodes: 20, ControlPlanes: 1,
-		Firmware: lab.FirmwareMixed, Accel: benchAccel(), MemoryMiB: 256, Dir: t.TempDir()}
+		Firmware: lab.FirmwareMixed, Accel: benchAccel(), MemoryMiB: 512, Dir: t.TempDir()}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	res, _, err := tryUpLab(ctx, t, &c, upOptions{noBootstrap: true})

@@ -199,3 +199,60 @@ func dialMachine(ctx context.Context, m *rack.Machine, timeout time.Duration) (b
 	target.Timeout = timeout
 	return bmc.Dial(ctx, target)
 }
+
+// Discover reads the inventory of each BMC at addrs (all with the same
+// credentials) and names the machines as `rack init` writes them: the
+// first controlPlanes control planes cp1.., then workers w1... Each
+// machine's mac is its first NIC with a link (else its first NIC).
+func Discover(ctx context.Context, addrs []string, creds rack.BMC, controlPlanes int, opts Options) ([]rack.FoundMachine, []Row) {
+	ms := make([]*rack.Machine, len(addrs))
+	index := map[string]int{}
+	for i, a := range addrs {
+		b := creds
+		b.Address = a
+		ms[i] = &rack.Machine{Hostname: fmt.Sprintf("bmc%d", i+1), BMC: &b}
+		index[ms[i].Hostname] = i
+	}
+	found := make([]rack.FoundMachine, len(addrs))
+	rows := Run(ctx, ms, opts, func(ctx context.Context, c bmc.Controller, row *Row) error {
+		if err := Inspect(ctx, c, row); err != nil {
+			return err
+		}
+		b := creds
+		b.Address = c.Address().String()
+		found[index[row.Machine]] = foundMachine(*row.Inventory, b)
+		return nil
+	})
+	for i := range found {
+		if i < controlPlanes {
+			found[i].Hostname, found[i].Role = fmt.Sprintf("cp%d", i+1), rack.RoleControlPlane
+		} else {
+			found[i].Hostname, found[i].Role = fmt.Sprintf("w%d", i-controlPlanes+1), rack.RoleWorker
+		}
+	}
+	return found, rows
+}
+
+func foundMachine(inv bmc.Inventory, b rack.BMC) rack.FoundMachine {
+	f := rack.FoundMachine{UUID: strings.ToLower(inv.UUID), BMC: b, NICs: "none", Disks: "none"}
+	var nics, disks []string
+	for _, n := range inv.NICs {
+		nics = append(nics, strings.TrimSpace(n.Name+" "+n.MAC+" "+n.LinkStatus))
+		if f.MAC == "" && n.LinkStatus == "LinkUp" {
+			f.MAC = n.MAC
+		}
+	}
+	if f.MAC == "" && len(inv.NICs) > 0 {
+		f.MAC = inv.NICs[0].MAC
+	}
+	for _, d := range inv.Disks {
+		disks = append(disks, strings.TrimSpace(fmt.Sprintf("%s %d GiB %s", d.Name, d.CapacityBytes>>30, d.Model)))
+	}
+	if len(nics) > 0 {
+		f.NICs = strings.Join(nics, ", ")
+	}
+	if len(disks) > 0 {
+		f.Disks = strings.Join(disks, ", ")
+	}
+	return f
+}

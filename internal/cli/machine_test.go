@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/bootstrap/power"
+	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/lab/redfishbmc"
 )
 
@@ -153,5 +154,54 @@ func TestRackRefusesOpenCredentials(t *testing.T) {
 	out, stderr, code := run("rack", "validate", rackFile)
 	if code == 0 || !strings.Contains(out, "machines[0].bmc.credentialsFile") || !strings.Contains(out, "chmod 600") {
 		t.Errorf("exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestRackInitFromBMC: a rack written from BMCs' inventories names each
+// machine by its UUID and its linked NIC's MAC, drives it through its BMC,
+// and validates as it stands.
+func TestRackInitFromBMC(t *testing.T) {
+	rackFile, _ := bmcRack(t)
+	r, err := rack.Load(rackFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(rackFile)
+	t.Chdir(dir)
+	out, stderr, code := run("rack", "init", "--name", "found", "--bmc-credentials", "bmc.yaml",
+		"--from-bmc", r.Machines[0].BMC.Address+","+r.Machines[1].BMC.Address)
+	if code != 0 {
+		t.Fatalf("rack init --from-bmc: exit %d\n%s", code, stderr)
+	}
+	f := filepath.Join(dir, "found.yaml")
+	if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	found, err := rack.Load(f)
+	if err != nil {
+		t.Fatalf("the rack from BMCs does not validate: %v\n%s", err, out)
+	}
+	if len(found.Machines) != 2 || found.Machines[0].Role != rack.RoleControlPlane || found.Machines[1].Hostname != "w1" {
+		t.Fatalf("machines: %+v", found.Machines)
+	}
+	for i, m := range found.Machines {
+		want := fmt.Sprintf("52:54:00:00:00:0%d", i+1)
+		if m.MAC != want || m.UUID != fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i) || m.BMC == nil ||
+			!strings.HasPrefix(m.BMC.Address, r.Machines[i].BMC.Address+"/redfish/v1/Systems/") {
+			t.Errorf("machine %d: mac %s uuid %s bmc %+v; want mac %s and its BMC with the system's path", i, m.MAC, m.UUID, m.BMC, want)
+		}
+	}
+	if !strings.Contains(out, "vda 10 GiB QEMU HARDDISK") {
+		t.Errorf("the disks the BMC lists are not in the comments:\n%s", out)
+	}
+
+	// w2's BMC answers nothing: no rack, and the BMC that failed is named.
+	_, stderr, code = run("rack", "init", "--bmc-credentials", "bmc.yaml", "--timeout", "5s",
+		"--from-bmc", r.Machines[0].BMC.Address+","+r.Machines[2].BMC.Address)
+	if code == 0 || !strings.Contains(stderr, r.Machines[2].BMC.Address) || !strings.Contains(stderr, "1 of 2 BMCs failed") {
+		t.Errorf("a dead BMC: exit %d, stderr %s", code, stderr)
+	}
+	if _, stderr, code := run("rack", "init", "--from-bmc", r.Machines[0].BMC.Address); code == 0 || !strings.Contains(stderr, "needs --bmc-credentials") {
+		t.Errorf("no credentials: exit %d, stderr %s", code, stderr)
 	}
 }

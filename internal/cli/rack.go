@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/output"
 )
@@ -22,16 +24,58 @@ func newRackCommand(g *Globals) *cobra.Command {
 
 func newRackInitCommand(g *Globals) *cobra.Command {
 	name := "lab"
+	var (
+		fromBMC       []string
+		bmcCreds      rack.BMC
+		controlPlanes int
+		opts          power.Options
+	)
 	cmd := &cobra.Command{
 		Use:   "init",
-		Short: "Print a complete, commented example rack file",
+		Short: "Print a complete, commented example rack file, or one of the machines behind BMCs",
 		Long: `Print a complete, commented example rack file to stdout. Every default is
 written out (commented); edit the machines and networks and check the
-result with 'cozyctl rack validate'.`,
-		Example: "  cozyctl rack init --name prod > rack.yaml",
-		Args:    cobra.NoArgs,
+result with 'cozyctl rack validate'.
+
+With --from-bmc, the machines are those behind the BMCs given (Redfish
+addresses, one machine each, all with the account in --bmc-credentials):
+each machine's SMBIOS UUID, the MAC of its first NIC with a link, its BMC,
+and as comments every NIC and disk the BMC reports. The first
+--controlplanes are control planes (cp1..), the rest workers (w1..).
+Check each mac (the NIC it netboots from) and install disk: a BMC cannot
+tell which.`,
+		Example: `  cozyctl rack init --name prod > rack.yaml
+  cozyctl rack init --name prod --bmc-credentials bmc.yaml --bmc-insecure \
+      --from-bmc redfish+https://10.0.0.11,redfish+https://10.0.0.12,redfish+https://10.0.0.13 > rack.yaml`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			data, err := rack.Example(name)
+			var found []rack.FoundMachine
+			if len(fromBMC) > 0 {
+				if bmcCreds.CredentialsFile == "" {
+					return fmt.Errorf("--from-bmc needs --bmc-credentials: a file with username and password, mode 0600")
+				}
+				if controlPlanes == 0 {
+					controlPlanes = 1
+					if len(fromBMC) >= 3 {
+						controlPlanes = 3
+					}
+				}
+				if controlPlanes > len(fromBMC) {
+					return fmt.Errorf("--controlplanes %d: only %d BMCs given", controlPlanes, len(fromBMC))
+				}
+				opts.Log = g.Logger()
+				var rows []power.Row
+				found, rows = power.Discover(cmd.Context(), fromBMC, bmcCreds, controlPlanes, opts)
+				if n := power.Failed(rows); n > 0 {
+					for _, r := range rows {
+						if r.Error != "" {
+							fmt.Fprintf(g.stderr, "%s: %s\n", r.BMC, r.Error)
+						}
+					}
+					return fmt.Errorf("%d of %d BMCs failed: no rack written", n, len(rows))
+				}
+			}
+			data, err := rack.ExampleWith(name, found)
 			if err != nil {
 				return err
 			}
@@ -39,7 +83,13 @@ result with 'cozyctl rack validate'.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", name, "the cluster's name")
+	f := cmd.Flags()
+	f.StringVar(&name, "name", name, "the cluster's name")
+	f.StringSliceVar(&fromBMC, "from-bmc", nil, "BMC addresses (redfish+https://HOST[:PORT][/redfish/v1/Systems/ID]) whose machines make the rack")
+	f.StringVar(&bmcCreds.CredentialsFile, "bmc-credentials", "", "the BMCs' account: YAML with username and password, mode 0600 (written into the rack as given)")
+	f.BoolVar(&bmcCreds.InsecureSkipVerify, "bmc-insecure", false, "accept the BMCs' self-signed TLS certificates (written into the rack)")
+	f.IntVar(&controlPlanes, "controlplanes", 0, "how many of the machines are control planes (default 3 with at least 3 BMCs, else 1)")
+	f.DurationVar(&opts.Timeout, "timeout", bmc.DefaultTimeout, "bound on each request to a BMC")
 	return cmd
 }
 
