@@ -51,6 +51,10 @@ func dialRedfish(ctx context.Context, t Target) (*redfish, error) {
 		BasicAuth:         true,
 		HTTPClient:        &http.Client{Transport: transport, Timeout: t.Timeout},
 		NoModifyTransport: true,
+		// One TLS connection for all of a command's requests: a BMC's
+		// handshake is slow (an embedded CPU), and gofish otherwise
+		// closes the connection after each request.
+		ReuseConnections: true,
 	}
 	api, err := gofish.ConnectContext(ctx, cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ package bootstrap_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/lab/redfishbmc"
 )
 
@@ -192,5 +195,79 @@ func TestBootstrapReportsAMachineThatNeverNetboots(t *testing.T) {
 	}
 	if got := len(machines["cp1"].Starts()); got != 2 {
 		t.Errorf("cp1 powered on %d times, want 2", got)
+	}
+}
+
+// TestReprovisionWorker: `cozyctl machine reprovision` resets an
+// installed worker through the Talos API (a one-time network boot set
+// through its BMC first) back to maintenance mode and marks it pending;
+// the next bootstrap installs it again and leaves the control plane
+// alone. A control plane is refused.
+func TestReprovisionWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, _ := bmcRig(t, ctx, 1, 1, nil, nil)
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+
+	self, _ := os.Executable()
+	cmd := r.ns.Command(ctx, self, "machine", "reprovision", "w1", "cp1", "--rack", r.rackFile, "--state-dir", r.stateDir, "--timeout", "2m", "-o", "json")
+	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rows []bootstrap.Reprovisioned
+	if err == nil || json.Unmarshal(out, &rows) != nil || len(rows) != 2 {
+		t.Fatalf("reprovision: %v (want a failure, for cp1)\n%s%s", err, out, stderr.String())
+	}
+	if w := rows[0]; w.Machine != "w1" || w.How != "talos reset" || !w.Back || w.Error != "" {
+		t.Errorf("w1: %+v, want a Talos reset back in maintenance mode", w)
+	}
+	if cp := rows[1]; !strings.Contains(cp.Error, "a control plane") {
+		t.Errorf("cp1: %+v, want refused as a control plane", cp)
+	}
+	st, err := state.Open(r.stateDir, "itest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ph := st.Node("w1").Phase; ph != state.Pending {
+		t.Errorf("w1 is %s in the state dir, want pending", ph)
+	}
+	if ph := st.Node("cp1").Phase; ph != state.Ready {
+		t.Errorf("cp1 is %s in the state dir, want ready", ph)
+	}
+	// The BMC holds the one-time network boot set before the reset.
+	addr, _ := bmc.ParseAddress("redfish+http://" + rigSubnet + ".1:8443/redfish/v1/Systems/w1")
+	c, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: bmc.Credentials{Username: "root", Password: "calvin-1"}, DialContext: r.ns.DialContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ch, err := c.BootPXEOnce(ctx); err != nil || ch.Previous != (bmc.Boot{Target: "Pxe", Enabled: "Once"}) {
+		t.Errorf("w1's boot override after the reprovision: %+v, %v; want Pxe Once", ch.Previous, err)
+	}
+
+	again := r.bootstrap()
+	phases := map[string][]state.Phase{}
+	for e := range again.events {
+		if e.Node != "" {
+			if l := phases[e.Node]; len(l) == 0 || l[len(l)-1] != e.Phase {
+				phases[e.Node] = append(l, e.Phase)
+			}
+		}
+	}
+	if err := <-again.done; err != nil {
+		t.Fatalf("bootstrap after the reprovision: %v\n%s", err, tail(again.stderr.String(), 30))
+	}
+	if got := phaseList(phases["w1"]); got != "pending discovered applied configured ready" {
+		t.Errorf("w1 went through %q, want it installed again", got)
+	}
+	if got := phaseList(phases["cp1"]); got != "ready" {
+		t.Errorf("cp1 went through %q, want it left alone", got)
 	}
 }

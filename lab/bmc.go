@@ -176,7 +176,7 @@ func (c *Config) startBMCs(ctx context.Context, cozyctl, accel string) error {
 		return err
 	}
 	for _, m := range c.Machines() {
-		addr, _ := bmc.ParseAddress("redfish+https://" + BMCEndpoint(m))
+		addr, _ := bmc.ParseAddress("redfish+https://" + BMCEndpoint(m) + bmc.SystemsPath + "/" + m.UUID)
 		target := bmc.Target{Address: addr, Credentials: creds, InsecureSkipVerify: true, Timeout: 2 * time.Second, DialContext: netns.Dialer(Namespace(c.Name))}
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			ctl, err := bmc.Dial(ctx, target)

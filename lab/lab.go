@@ -308,10 +308,10 @@ network:
       - mac: "%s"
         addresses: [%s/%d]
     bmc:                       # the lab's Redfish BMC of this VM (cozyctl machine power)
-      address: redfish+https://%s
+      address: redfish+https://%s/redfish/v1/Systems/%s
       credentialsFile: %s
       insecureSkipVerify: true # its certificate is self-signed, as most BMCs' are
-`, m.Name, m.Role, m.MACText, m.Firmware, m.UUID, m.MACText, m.IP, Subnet.Bits(), m.BMC, BMCCredentialsFile)
+`, m.Name, m.Role, m.MACText, m.Firmware, m.UUID, m.MACText, m.IP, Subnet.Bits(), m.BMC, m.UUID, BMCCredentialsFile)
 	}
 	return []byte(b.String())
 }

@@ -66,7 +66,7 @@ func TestRackValidates(t *testing.T) {
 		r := labRack(t, &c)
 		for i, m := range r.Machines {
 			target, err := m.BMCTarget()
-			if err != nil || target.Address.String() != "redfish+https://"+c.Machines()[i].BMC.String() || !target.InsecureSkipVerify {
+			if err != nil || target.Address.String() != "redfish+https://"+c.Machines()[i].BMC.String()+"/redfish/v1/Systems/"+c.Machines()[i].UUID || !target.InsecureSkipVerify {
 				t.Errorf("%s's BMC: %+v, %v", m.Hostname, target.Address, err)
 			}
 		}

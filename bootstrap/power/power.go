@@ -256,3 +256,14 @@ func foundMachine(inv bmc.Inventory, b rack.BMC) rack.FoundMachine {
 	}
 	return f
 }
+
+// BootOnce sets a one-time network boot, for a machine that is about to
+// reboot by itself (a Talos reset).
+func BootOnce(ctx context.Context, m *rack.Machine, timeout time.Duration) (bmc.BootChange, error) {
+	c, err := dialMachine(ctx, m, timeout)
+	if err != nil {
+		return bmc.BootChange{}, err
+	}
+	defer c.Close()
+	return c.BootPXEOnce(ctx)
+}

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/output"
@@ -25,7 +27,7 @@ are driven at once, at most --parallel at a time, and each gets its own row:
 one BMC that fails or hangs (each request is bounded by --timeout) does not
 hold up the others. The command fails if any machine failed.`,
 	}
-	cmd.AddCommand(newMachinePowerCommand(g), newMachineBootCommand(g), newMachineInspectCommand(g))
+	cmd.AddCommand(newMachinePowerCommand(g), newMachineBootCommand(g), newMachineInspectCommand(g), newMachineReprovisionCommand(g))
 	return cmd
 }
 
@@ -219,4 +221,84 @@ var (
 	_ output.Tabular = powerTable{}
 	_ output.Tabular = bootTable{}
 	_ output.Tabular = inventoryTable{}
+	_ output.Tabular = reprovisionTable{}
 )
+
+func newMachineReprovisionCommand(g *Globals) *cobra.Command {
+	var (
+		rackFile string
+		o        bootstrap.ReprovisionOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "reprovision NAME...",
+		Short: "Wipe installed workers back to Talos maintenance mode, for the next bootstrap to install again",
+		Long: `Take installed workers back to Talos maintenance mode, their install disk
+wiped, for the next 'cozyctl bootstrap' (same --rack and --state-dir) to
+install and join them again:
+
+  - if the node's Talos API answers (the bootstrap's talosconfig), a Talos
+    reset: graceful (it leaves the cluster), wipe (--wipe system: the
+    install disk; all: also the user disks Talos manages), reboot, with a
+    one-time network boot set first through its BMC if it has one;
+  - else, through its BMC, a one-time network boot and a power cycle.
+
+It then waits (--timeout) for the machine to answer in maintenance mode at
+its address. The state dir marks each machine pending before anything is
+done to it. Control planes are refused: taking one out of etcd is not
+built yet.`,
+		Example: "  cozyctl machine reprovision w2 --rack rack.yaml --state-dir state && cozyctl bootstrap --rack rack.yaml --state-dir state ...",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := rack.Load(rackFile)
+			if err != nil {
+				return err
+			}
+			o.Rack, o.Machines, o.Log = r, args, g.Logger()
+			rows := bootstrap.Reprovision(cmd.Context(), o)
+			if err := g.Print(reprovisionTable(rows)); err != nil {
+				return err
+			}
+			failed := 0
+			for _, r := range rows {
+				if r.Error != "" {
+					failed++
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d machines failed", failed, len(rows))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&rackFile, "rack", "", "the rack file (required)")
+	f.StringVar(&o.StateDir, "state-dir", "", "the bootstrap's state dir (required)")
+	f.StringVar(&o.Wipe, "wipe", bootstrap.WipeSystem, "system (the install disk) or all (also the user disks)")
+	f.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "how long to wait for each machine to be back in maintenance mode")
+	f.IntVar(&o.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
+	_ = f.MarkHidden("talos-port")
+	_ = cmd.MarkFlagRequired("rack")
+	_ = cmd.MarkFlagRequired("state-dir")
+	return cmd
+}
+
+type reprovisionTable []bootstrap.Reprovisioned
+
+func (t reprovisionTable) Header() []string {
+	return []string{"MACHINE", "IP", "HOW", "MAINTENANCE", "TOOK", "RESULT"}
+}
+func (t reprovisionTable) Rows() [][]string {
+	var rows [][]string
+	for _, r := range t {
+		back := "-"
+		if r.How != "" {
+			back = map[bool]string{true: "back", false: "not at its address"}[r.Back]
+		}
+		res := "ok"
+		if r.Error != "" {
+			res = r.Error
+		}
+		rows = append(rows, []string{r.Machine, dash(r.IP), dash(r.How), back, r.Took.String(), res})
+	}
+	return rows
+}
