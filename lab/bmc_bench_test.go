@@ -30,9 +30,9 @@ import (
 // broadcasting DISCOVERs, which the bench listens for on the bridge.
 //
 //   - One VM at a time (cp1 BIOS, w1 UEFI): the BMC commands (one-time
-//     network boot, power on: until QEMU runs), then QEMU running → the
-//     first DHCP DISCOVER. Goal: the BMC's part ≤ 10 % of power-on →
-//     DISCOVER.
+//     network boot, power on: until QEMU runs, its disk made on this
+//     first start), then QEMU running → the first DHCP DISCOVER: the
+//     firmware's time, reported without a goal.
 //   - All 20 at once: the same commands with --all, and power status.
 //     Goal (issue 21): driving 20 BMCs at once ≤ 1.5× one, for what is
 //     the BMCs' own work (boot override, power status). Power on starts
@@ -77,8 +77,7 @@ func TestBenchLabBMC(t *testing.T) {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "BMCs, lab of %d VMs, %s, %d cores, each VM %d MiB:\n", c.Nodes, res.Accel, runtime.NumCPU(), c.MemoryMiB)
-	fmt.Fprintf(&b, "  %-4s %-5s %16s %14s %24s %8s\n", "VM", "fw", "boot pxe --once", "power on", "QEMU running → DISCOVER", "BMC part")
-	worst := 0.0
+	fmt.Fprintf(&b, "  %-4s %-5s %16s %14s %24s %22s\n", "VM", "fw", "boot pxe --once", "power on", "QEMU running → DISCOVER", "power-on → DISCOVER")
 	for _, m := range machines[:2] {
 		started := time.Now()
 		boot, on := machine("boot", "pxe", "--once", m.Name), machine("power", "on", m.Name)
@@ -87,10 +86,8 @@ func TestBenchLabBMC(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
-		share := (boot + on).Seconds() / at.Sub(started).Seconds()
-		worst = max(worst, share)
-		fmt.Fprintf(&b, "  %-4s %-5s %16s %14s %24s %7.1f%%\n", m.Name, m.Firmware, boot.Round(time.Millisecond), on.Round(time.Millisecond),
-			at.Sub(running).Round(10*time.Millisecond), 100*share)
+		fmt.Fprintf(&b, "  %-4s %-5s %16s %14s %24s %22s\n", m.Name, m.Firmware, boot.Round(time.Millisecond), on.Round(time.Millisecond),
+			at.Sub(running).Round(10*time.Millisecond), at.Sub(started).Round(10*time.Millisecond))
 		one.on = max(one.on, on)
 		machine("power", "off", m.Name)
 	}
@@ -124,7 +121,6 @@ func TestBenchLabBMC(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "  goal %s: %s\n", goal, v)
 	}
-	verdict("the BMC's part ≤ 10 % of power-on → DISCOVER", worst <= 0.10, fmt.Sprintf("%.1f %%", 100*worst))
 	for _, g := range []struct {
 		name     string
 		all, one time.Duration
