@@ -155,3 +155,37 @@ func FuzzDecodeMembers(f *testing.F) {
 		}
 	})
 }
+
+func TestParseIPMI(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		want Boot
+	}{
+		{"Boot Flags :\n   - Boot Flag Invalid\n   - Options apply to only next boot\n   - Boot Device Selector : No override\n", Boot{"None", "Disabled"}},
+		{"Boot Flags :\n   - Boot Flag Valid\n   - Options apply to only next boot\n   - Boot Device Selector : Force PXE\n", Boot{"Pxe", "Once"}},
+		{"Boot Flags :\n   - Boot Flag Valid\n   - Options apply to all future boots\n   - Boot Device Selector : Force Boot from default Hard-Drive\n", Boot{"Hdd", "Continuous"}},
+	} {
+		if got := ParseIPMIBootFlags(tc.out); got != tc.want {
+			t.Errorf("ParseIPMIBootFlags(%q) = %+v, want %+v", tc.out, got, tc.want)
+		}
+	}
+	for out, want := range map[string]PowerState{"Chassis Power is on\n": PowerOn, "Chassis Power is off": PowerOff, "garbage": ""} {
+		if got, err := ParseIPMIPower(out); got != want || (want == "") != (err != nil) {
+			t.Errorf("ParseIPMIPower(%q) = %s, %v; want %s", out, got, err, want)
+		}
+	}
+}
+
+func FuzzParseIPMIBootFlags(f *testing.F) {
+	f.Add("   - Boot Flag Valid\n   - Options apply to all future boots\n   - Boot Device Selector : Force PXE\n")
+	f.Fuzz(func(t *testing.T, out string) {
+		b := ParseIPMIBootFlags(out)
+		if !slices.Contains([]string{"None", "Pxe", "Hdd", "Cd"}, b.Target) || !slices.Contains([]string{"Disabled", "Once", "Continuous"}, b.Enabled) ||
+			(b.Target == "None") != (b.Enabled == "Disabled") {
+			t.Fatalf("%q read as %+v", out, b)
+		}
+		if _, err := ParseIPMIPower(out); err != nil && len(err.Error()) > 200 {
+			t.Fatalf("error too long: %d bytes", len(err.Error()))
+		}
+	})
+}

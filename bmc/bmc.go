@@ -144,7 +144,7 @@ func Dial(ctx context.Context, t Target) (Controller, error) {
 	case Redfish:
 		return dialRedfish(ctx, t)
 	case IPMI:
-		return nil, fmt.Errorf("%s: IPMI is not supported yet; use the BMC's Redfish service (redfish+https://)", t.Address)
+		return dialIPMI(ctx, t)
 	default:
 		return nil, fmt.Errorf("%s: unknown BMC protocol %q", t.Address, t.Address.Protocol)
 	}

@@ -290,7 +290,7 @@ func (r *redfish) BootPXEOnce(ctx context.Context) (BootChange, error) {
 		return ch, fmt.Errorf("%s: the BMC offers no Pxe boot override (it offers %v)", r.target.Address, targets)
 	}
 	ch.Now = Boot{Target: string(schemas.PxeBootSource), Enabled: string(schemas.OnceBootSourceOverrideEnabled)}
-	err = r.SetBoot(ctx, ch.Now)
+	err = r.setBoot(ctx, s, ch.Now)
 	if err == nil {
 		return ch, nil
 	}
@@ -303,7 +303,7 @@ func (r *redfish) BootPXEOnce(ctx context.Context) (BootChange, error) {
 	}
 	ch.Now.Enabled = string(schemas.ContinuousBootSourceOverrideEnabled)
 	ch.Fallback = true
-	if err2 := r.SetBoot(ctx, ch.Now); err2 != nil {
+	if err2 := r.setBoot(ctx, s, ch.Now); err2 != nil {
 		return ch, fmt.Errorf("%w; Continuous too: %w", err, err2)
 	}
 	return ch, nil
@@ -314,6 +314,12 @@ func (r *redfish) SetBoot(ctx context.Context, b Boot) error {
 	if err != nil {
 		return err
 	}
+	return r.setBoot(ctx, s, b)
+}
+
+// setBoot patches the override of a system just read.
+func (r *redfish) setBoot(ctx context.Context, s *schemas.ComputerSystem, b Boot) error {
+	s.SetClient(r.api.WithContext(ctx))
 	boot := &schemas.Boot{
 		BootSourceOverrideTarget:  schemas.BootSource(b.Target),
 		BootSourceOverrideEnabled: schemas.BootSourceOverrideEnabled(b.Enabled),

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/lab/redfishbmc"
 )
 
@@ -278,10 +280,19 @@ func TestErrors(t *testing.T) {
 			_, _ = io.WriteString(w, `{"@odata.id": "/redfish/v1/", "Systems": {`)
 		}), "is this a Redfish service?"},
 		{"no such system", withTarget(func(t *bmc.Target) { t.Address.System = "/redfish/v1/Systems/other" }), "answered 404"},
-		{"IPMI", func(*testing.T) bmc.Target {
-			a, _ := bmc.ParseAddress("ipmi://127.0.0.1")
-			return bmc.Target{Address: a, Credentials: creds}
-		}, "IPMI is not supported yet"},
+		{"IPMI, nothing answers", func(t *testing.T) bmc.Target {
+			if _, err := exec.LookPath(bmc.IPMITool); err != nil {
+				prereq.Missing(t, "ipmitool is not installed (hack/install-deps.sh)")
+			}
+			l, err := net.ListenPacket("udp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.LocalAddr().String()
+			l.Close()
+			a, _ := bmc.ParseAddress("ipmi://" + addr)
+			return bmc.Target{Address: a, Credentials: creds, Timeout: 3 * time.Second}
+		}, "did not answer in time (is IPMI over LAN on"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := tc.target(t)

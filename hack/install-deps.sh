@@ -29,6 +29,8 @@ packages=(
 	skopeo          # reads and copies the operator image archive (make image) in its test
 	umoci           # unpacks that image into a runtime bundle
 	runc            # runs it, as a container runtime would
+	ipmitool        # Cozy's IPMI client (ipmi:// BMCs)
+	openipmi        # ipmi_sim: an IPMI BMC that is not Cozy's, to test that client against
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.
