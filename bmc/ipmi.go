@@ -125,7 +125,7 @@ func ParseIPMIPower(out string) (PowerState, error) {
 	case "Chassis Power is off":
 		return PowerOff, nil
 	}
-	return "", fmt.Errorf("not a chassis power status: %q", truncate(out, 80))
+	return "", fmt.Errorf("not a chassis power status: %q", truncate(out, 40))
 }
 
 func truncate(s string, n int) string {
