@@ -31,6 +31,7 @@ packages=(
 	runc            # runs it, as a container runtime would
 	ipmitool        # Cozy's IPMI client (ipmi:// BMCs)
 	openipmi        # ipmi_sim: an IPMI BMC that is not Cozy's, to test that client against
+	python3-sushy   # OpenStack Ironic's Redfish client, to test the lab's BMC against
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.

@@ -142,6 +142,10 @@ func (s *Server) withSystem(h func(http.ResponseWriter, *http.Request, *system))
 
 type object = map[string]any
 
+// enabled is the Status of every resource a lab BMC has: clients such as
+// sushy count only enabled devices.
+var enabled = object{"State": "Enabled", "Health": "OK"}
+
 func link(path string) object { return object{"@odata.id": path} }
 
 func (s *Server) versions(w http.ResponseWriter, _ *http.Request) {
@@ -201,6 +205,7 @@ func (s *Server) getSystem(w http.ResponseWriter, r *http.Request, sys *system) 
 		"Model":        "Standard PC",
 		"SerialNumber": sys.UUID,
 		"SystemType":   "Virtual",
+		"Status":       enabled,
 		"PowerState":   power,
 		"Boot": object{
 			"BootSourceOverrideTarget":                         b.Target,
@@ -310,6 +315,7 @@ func (s *Server) nic(w http.ResponseWriter, r *http.Request, sys *system) {
 		"Name":        "VirtIO network device",
 		"MACAddress":  sys.MAC,
 		"LinkStatus":  "LinkUp",
+		"Status":      enabled,
 	})
 }
 
@@ -334,7 +340,7 @@ func (s *Server) storage(w http.ResponseWriter, r *http.Request, sys *system) {
 		"@odata.id":   "/redfish/v1/Systems/" + sys.ID + "/SimpleStorage/virtio",
 		"Id":          "virtio",
 		"Name":        "VirtIO block controller",
-		"Devices":     []object{{"Name": "vda", "Model": "QEMU HARDDISK", "CapacityBytes": sys.DiskBytes}},
+		"Devices":     []object{{"Name": "vda", "Model": "QEMU HARDDISK", "CapacityBytes": sys.DiskBytes, "Status": enabled}},
 	})
 }
 
