@@ -62,7 +62,7 @@ func BootPXEOnce(ctx context.Context, c bmc.Controller, row *Row) error {
 		return err
 	}
 	row.Boot = &ch
-	return Status(ctx, c, row)
+	return nil
 }
 
 // Inspect reads the hardware inventory.
