@@ -7,9 +7,11 @@ import (
 	"cozy.dev/cozy/bmc"
 )
 
-// checkBMCs checks each machine's BMC address and credentials file (its
-// mode and shape, never echoing its content) and resolves the file's
-// path against the rack's directory.
+// checkBMCs checks each machine's BMC address and that it names a
+// credentials file, and resolves the file's path against the rack's
+// directory. The file itself is read only where credentials are used
+// (BMCTarget) and by CheckBMCCredentials (`rack validate`): rendering the
+// platform or Talos configs from a rack needs no BMC secret at hand.
 func (r *Rack) checkBMCs(dir string) []Problem {
 	var ps []Problem
 	for i := range r.Machines {
@@ -31,8 +33,22 @@ func (r *Rack) checkBMCs(dir string) []Problem {
 		if !filepath.IsAbs(b.credentialsPath) {
 			b.credentialsPath = filepath.Join(dir, b.credentialsPath)
 		}
-		if _, err := bmc.LoadCredentials(b.credentialsPath); err != nil {
-			ps = append(ps, errorf(path+".credentialsFile", "%v", err))
+	}
+	return ps
+}
+
+// CheckBMCCredentials reads every machine's BMC credentials file as
+// BMCTarget will: there, readable by its owner alone, a username and a
+// password. Its problems never quote the file.
+func (r *Rack) CheckBMCCredentials() []Problem {
+	var ps []Problem
+	for i, m := range r.Machines {
+		if m.BMC == nil || m.BMC.credentialsPath == "" {
+			continue
+		}
+		if _, err := bmc.LoadCredentials(m.BMC.credentialsPath); err != nil {
+			path := fmt.Sprintf("machines[%d].bmc.credentialsFile", i)
+			ps = append(ps, Problem{Path: path, Line: lineOf(r.lines, path), Message: err.Error()})
 		}
 	}
 	return ps

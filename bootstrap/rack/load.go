@@ -111,6 +111,7 @@ func Parse(data []byte, name, dir string) (*Rack, error) {
 		sort.SliceStable(ps, func(i, j int) bool { return ps[i].Line < ps[j].Line })
 		return nil, fail(ps...)
 	}
+	r.lines = lines
 	return &r, nil
 }
 

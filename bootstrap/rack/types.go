@@ -49,6 +49,10 @@ type Rack struct {
 	// machine's own patches.
 	Patches  []Patch  `yaml:"patches,omitempty" json:"patches,omitempty"`
 	Platform Platform `yaml:"platform,omitempty" json:"platform,omitzero"`
+
+	// lines maps field paths to their lines in the file, set by Parse
+	// for checks made after it (CheckBMCCredentials).
+	lines map[string]int
 }
 
 // Metadata names the rack; the name is also the cluster name.

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -138,6 +139,12 @@ prints every problem with its field path and line, and exits 1.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := rack.Load(args[0])
+			if err == nil {
+				// The BMC secrets too: what `bootstrap` and `machine` will read.
+				if ps := r.CheckBMCCredentials(); len(ps) > 0 {
+					err = &rack.Problems{File: filepath.Base(args[0]), List: ps}
+				}
+			}
 			var ps *rack.Problems
 			switch {
 			case errors.As(err, &ps):
