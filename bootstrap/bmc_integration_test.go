@@ -34,8 +34,10 @@ type rigMachine struct {
 	mu     sync.Mutex
 	on     bool
 	booted bool
-	misses int
-	starts []string
+	// addressed: the node's namespace has its address from an earlier boot.
+	addressed bool
+	misses    int
+	starts    []string
 }
 
 func (m *rigMachine) Running(context.Context) (bool, error) {
@@ -57,18 +59,26 @@ func (m *rigMachine) Start(_ context.Context, netboot bool) error {
 		return nil
 	}
 	m.booted = true
+	first := !m.addressed
+	m.addressed = true
 	go func() {
-		m.r.dhcp(m.ctx, m.n)
-		m.n.ns.IP(m.r.t, "addr", "add", m.n.ip+"/24", "dev", m.n.iface)
+		if first {
+			m.r.dhcp(m.ctx, m.n)
+			m.n.ns.IP(m.r.t, "addr", "add", m.n.ip+"/24", "dev", m.n.iface)
+		}
 		m.r.start(m.n)
 	}()
 	return nil
 }
 
+// Stop cuts power: the node's process dies with it.
 func (m *rigMachine) Stop(context.Context, bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.on = false
+	m.on, m.booted = false, false
+	if m.n.cmd != nil {
+		_ = m.n.cmd.Process.Kill()
+	}
 	return nil
 }
 
@@ -269,5 +279,57 @@ func TestReprovisionWorker(t *testing.T) {
 	}
 	if got := phaseList(phases["cp1"]); got != "ready" {
 		t.Errorf("cp1 went through %q, want it left alone", got)
+	}
+}
+
+// TestReprovisionThroughBMC: a worker whose system no longer answers (its
+// node process killed, as a hung machine) is reprovisioned through its
+// BMC: a one-time network boot and a power cycle. Netbooted over its
+// installed disk it comes back configured, not in maintenance mode (as
+// Talos does), which the result says; the next bootstrap takes it as
+// installed and the cluster is whole again.
+func TestReprovisionThroughBMC(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, machines := bmcRig(t, ctx, 1, 1, nil, nil)
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	w1 := r.nodes[1]
+	_ = w1.cmd.Process.Kill()
+
+	self, _ := os.Executable()
+	cmd := r.ns.Command(ctx, self, "machine", "reprovision", "w1", "--rack", r.rackFile, "--state-dir", r.stateDir, "--timeout", "15s", "-o", "json")
+	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rows []bootstrap.Reprovisioned
+	if err != nil || json.Unmarshal(out, &rows) != nil || len(rows) != 1 {
+		t.Fatalf("reprovision: %v\n%s%s", err, out, stderr.String())
+	}
+	if w := rows[0]; w.How != "bmc" || w.Back || w.Error != "" {
+		t.Errorf("w1: %+v, want a BMC power cycle, not back in maintenance mode", w)
+	}
+	if starts := machines["w1"].Starts(); len(starts) != 2 || starts[1] != "netboot=true" {
+		t.Errorf("w1's power-ons: %v, want a second one into a network boot", starts)
+	}
+
+	again := r.bootstrap()
+	for range again.events {
+	}
+	if err := <-again.done; err != nil {
+		t.Fatalf("bootstrap after the reprovision: %v\n%s", err, tail(again.stderr.String(), 30))
+	}
+	st, err := state.Open(r.stateDir, "itest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ph := st.Node("w1").Phase; ph != state.Ready {
+		t.Errorf("w1 is %s after the bootstrap, want ready", ph)
 	}
 }

@@ -28,7 +28,9 @@ type powerer struct {
 	attempts int
 	last     time.Time
 	change   bmc.BootChange
-	restored bool
+	// restoreTried: the fallback's restore was tried, once, whatever
+	// came of it (a warning says if it failed).
+	restoreTried bool
 }
 
 func (b *run) newPowerer(m *rack.Machine) *powerer {
@@ -66,14 +68,14 @@ func (p *powerer) power(ctx context.Context) error {
 // continuous override set as a fallback is put back now, so that the
 // machine boots its disk once installed.
 func (p *powerer) netbooted(ctx context.Context) {
-	if !p.change.Fallback || p.restored {
+	if !p.change.Fallback || p.restoreTried {
 		return
 	}
+	p.restoreTried = true
 	if err := power.RestoreBoot(ctx, p.m, p.change.Previous, bmc.DefaultTimeout); err != nil {
 		p.b.opts.Log.Warn("could not restore the boot override after the network boot: the machine will netboot every time until it is", "node", p.m.Hostname, "err", err)
 		return
 	}
-	p.restored = true
 	p.b.opts.Log.Info("boot override restored", "node", p.m.Hostname, "target", p.change.Previous.Target, "enabled", p.change.Previous.Enabled)
 }
 
