@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"cozy.dev/cozy/internal/prereq"
 )
 
 var compressions = map[string]Compression{"gzip": Gzip, "lz4": LZ4}
@@ -56,7 +58,7 @@ func TestExtractsWithCpio(t *testing.T) {
 	} else if p, err := exec.LookPath("busybox"); err == nil {
 		cpioCmd = []string{p, "cpio", "-id"}
 	} else {
-		t.Skip("no cpio or busybox to cross-check with; TestRoundTrip still checks the format")
+		prereq.Missing(t, "no cpio or busybox to cross-check with (hack/install-deps.sh); TestRoundTrip still checks the format")
 	}
 	for name, c := range compressions {
 		t.Run(name, func(t *testing.T) { extractWithCpio(t, cpioCmd, c) })

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/lab/talosnode"
 )
@@ -348,7 +349,7 @@ func TestBuildRefuses(t *testing.T) {
 func TestSharedLibraries(t *testing.T) {
 	bin, err := exec.LookPath("ls")
 	if err != nil {
-		t.Skip("no ls")
+		prereq.Missing(t, "no ls")
 	}
 	libs, err := sharedLibraries(bin)
 	if err != nil {
@@ -386,7 +387,7 @@ func TestBuildHonoursCancel(t *testing.T) {
 func TestScriptsParse(t *testing.T) {
 	sh, err := exec.LookPath("sh")
 	if err != nil {
-		t.Skip("no sh")
+		prereq.Missing(t, "no sh")
 	}
 	for name, script := range map[string]string{"init.sh": initScript, "udhcpc.sh": udhcpcScript} {
 		cmd := exec.Command(sh, "-n")

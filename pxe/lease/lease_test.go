@@ -230,9 +230,6 @@ func TestParsePool(t *testing.T) {
 // random moments) and checks that every lease it had reported as granted
 // is still there after a restart, with no address given twice.
 func TestCrashSafety(t *testing.T) {
-	if os.Getenv("COZY_LEASE_CHILD_DIR") != "" {
-		t.Skip("helper process")
-	}
 	dir := t.TempDir()
 	self, _ := os.Executable()
 	granted := map[string]string{} // mac -> ip, as reported by the child
@@ -263,15 +260,25 @@ func TestCrashSafety(t *testing.T) {
 	t.Logf("%d leases survived 8 kill -9s", len(granted))
 }
 
-// TestLeaseChild is the process TestCrashSafety kills: it grants leases to
-// new MACs as fast as it can and reports each one only after Grant returns.
-func TestLeaseChild(t *testing.T) {
-	dir := os.Getenv("COZY_LEASE_CHILD_DIR")
-	if dir == "" {
-		t.Skip("helper process for TestCrashSafety")
+// TestMain runs the test binary as the lease child when
+// COZY_LEASE_CHILD_DIR says so, and never as a test: no test skips for it.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv("COZY_LEASE_CHILD_DIR"); dir != "" {
+		leaseChild(dir)
 	}
+	os.Exit(m.Run())
+}
+
+// leaseChild is the process TestCrashSafety kills: it grants leases to
+// new MACs as fast as it can and reports each one only after Grant returns.
+func leaseChild(dir string) {
 	start, _ := strconv.Atoi(os.Getenv("COZY_LEASE_CHILD_START"))
-	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
+	pool, err := ParsePool("10.8.0.1-10.8.255.254")
+	if err != nil {
+		fmt.Println("pool:", err)
+		os.Exit(1)
+	}
+	s, err := Open(dir, pool, nil, nil)
 	if err != nil {
 		fmt.Println("open:", err)
 		os.Exit(1)
@@ -541,9 +548,6 @@ func TestCompactKeepsBindings(t *testing.T) {
 // after each kill that every lease it reported as granted is there, that
 // no address is leased twice, and that no temporary file stays behind.
 func TestCompactionCrashSafety(t *testing.T) {
-	if os.Getenv("COZY_LEASE_CHILD_DIR") != "" {
-		t.Skip("helper process")
-	}
 	dir := t.TempDir()
 	self, _ := os.Executable()
 	granted := map[string]string{}
@@ -711,12 +715,12 @@ func reopenAfterKill(t *testing.T, round int, dir string, granted map[string]str
 	return s
 }
 
-// startLeaseChild runs TestLeaseChild in a child process granting leases
+// startLeaseChild runs leaseChild in a child process granting leases
 // in dir from MAC number next, and returns it with the lines it prints
 // (one per durable grant), closed when its output ends.
 func startLeaseChild(t *testing.T, self, dir string, next int, env ...string) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	cmd := exec.Command(self, "-test.run=^TestLeaseChild$")
+	cmd := exec.Command(self)
 	cmd.Env = append(append(os.Environ(), "COZY_LEASE_CHILD_DIR="+dir, "COZY_LEASE_CHILD_START="+strconv.Itoa(next)), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
