@@ -202,9 +202,21 @@ func dialMachine(ctx context.Context, m *rack.Machine, timeout time.Duration) (b
 
 // Discover reads the inventory of each BMC at addrs (all with the same
 // credentials) and names the machines as `rack init` writes them: the
-// first controlPlanes control planes cp1.., then workers w1... Each
-// machine's mac is its first NIC with a link (else its first NIC).
-func Discover(ctx context.Context, addrs []string, creds rack.BMC, controlPlanes int, opts Options) ([]rack.FoundMachine, []Row) {
+// first controlPlanes control planes cp1.. (0: three if there are three
+// BMCs or more, else one), then workers w1... Each machine's mac is its
+// first NIC with a link (else its first NIC). A BMC that fails fails the
+// whole: its row says why.
+func Discover(ctx context.Context, addrs []string, creds rack.BMC, controlPlanes int, opts Options) ([]rack.FoundMachine, []Row, error) {
+	switch {
+	case creds.CredentialsFile == "":
+		return nil, nil, fmt.Errorf("the BMCs' credentials file is required: username and password, mode 0600")
+	case controlPlanes == 0 && len(addrs) >= 3:
+		controlPlanes = 3
+	case controlPlanes == 0:
+		controlPlanes = 1
+	case controlPlanes > len(addrs):
+		return nil, nil, fmt.Errorf("%d control planes: only %d BMCs given", controlPlanes, len(addrs))
+	}
 	ms := make([]*rack.Machine, len(addrs))
 	index := map[string]int{}
 	for i, a := range addrs {
@@ -223,6 +235,9 @@ func Discover(ctx context.Context, addrs []string, creds rack.BMC, controlPlanes
 		found[index[row.Machine]] = foundMachine(*row.Inventory, b)
 		return nil
 	})
+	if n := Failed(rows); n > 0 {
+		return nil, rows, fmt.Errorf("%d of %d BMCs failed", n, len(rows))
+	}
 	for i := range found {
 		if i < controlPlanes {
 			found[i].Hostname, found[i].Role = fmt.Sprintf("cp%d", i+1), rack.RoleControlPlane
@@ -230,7 +245,7 @@ func Discover(ctx context.Context, addrs []string, creds rack.BMC, controlPlanes
 			found[i].Hostname, found[i].Role = fmt.Sprintf("w%d", i-controlPlanes+1), rack.RoleWorker
 		}
 	}
-	return found, rows
+	return found, rows, nil
 }
 
 func foundMachine(inv bmc.Inventory, b rack.BMC) rack.FoundMachine {

@@ -201,7 +201,7 @@ func TestRackInitFromBMC(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr, r.Machines[2].BMC.Address) || !strings.Contains(stderr, "1 of 2 BMCs failed") {
 		t.Errorf("a dead BMC: exit %d, stderr %s", code, stderr)
 	}
-	if _, stderr, code := run("rack", "init", "--from-bmc", r.Machines[0].BMC.Address); code == 0 || !strings.Contains(stderr, "needs --bmc-credentials") {
+	if _, stderr, code := run("rack", "init", "--from-bmc", r.Machines[0].BMC.Address); code == 0 || !strings.Contains(stderr, "credentials file is required") {
 		t.Errorf("no credentials: exit %d, stderr %s", code, stderr)
 	}
 }

@@ -52,28 +52,17 @@ tell which.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var found []rack.FoundMachine
 			if len(fromBMC) > 0 {
-				if bmcCreds.CredentialsFile == "" {
-					return fmt.Errorf("--from-bmc needs --bmc-credentials: a file with username and password, mode 0600")
-				}
-				if controlPlanes == 0 {
-					controlPlanes = 1
-					if len(fromBMC) >= 3 {
-						controlPlanes = 3
-					}
-				}
-				if controlPlanes > len(fromBMC) {
-					return fmt.Errorf("--controlplanes %d: only %d BMCs given", controlPlanes, len(fromBMC))
-				}
 				opts.Log = g.Logger()
 				var rows []power.Row
-				found, rows = power.Discover(cmd.Context(), fromBMC, bmcCreds, controlPlanes, opts)
-				if n := power.Failed(rows); n > 0 {
-					for _, r := range rows {
-						if r.Error != "" {
-							fmt.Fprintf(g.stderr, "%s: %s\n", r.BMC, r.Error)
-						}
+				var err error
+				found, rows, err = power.Discover(cmd.Context(), fromBMC, bmcCreds, controlPlanes, opts)
+				for _, r := range rows {
+					if r.Error != "" {
+						fmt.Fprintf(g.stderr, "%s: %s\n", r.BMC, r.Error)
 					}
-					return fmt.Errorf("%d of %d BMCs failed: no rack written", n, len(rows))
+				}
+				if err != nil {
+					return fmt.Errorf("--from-bmc: %w: no rack written", err)
 				}
 			}
 			data, err := rack.ExampleWith(name, found)
