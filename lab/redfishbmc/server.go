@@ -168,14 +168,20 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) collection(w http.ResponseWriter, _ *http.Request) {
+	writeCollection(w, "/redfish/v1/Systems", "ComputerSystem", "Computer System", s.order...)
+}
+
+// writeCollection answers a Redfish collection of kind at path, whose
+// members are path/ID for each id.
+func writeCollection(w http.ResponseWriter, path, kind, name string, ids ...string) {
 	members := []object{}
-	for _, id := range s.order {
-		members = append(members, link("/redfish/v1/Systems/"+id))
+	for _, id := range ids {
+		members = append(members, link(path+"/"+id))
 	}
 	writeJSON(w, http.StatusOK, object{
-		"@odata.type":         "#ComputerSystemCollection.ComputerSystemCollection",
-		"@odata.id":           "/redfish/v1/Systems",
-		"Name":                "Computer System Collection",
+		"@odata.type":         fmt.Sprintf("#%sCollection.%sCollection", kind, kind),
+		"@odata.id":           path,
+		"Name":                name + " Collection",
 		"Members@odata.count": len(members),
 		"Members":             members,
 	})
@@ -293,14 +299,7 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request, sys *system) {
 }
 
 func (s *Server) nics(w http.ResponseWriter, _ *http.Request, sys *system) {
-	base := "/redfish/v1/Systems/" + sys.ID + "/EthernetInterfaces"
-	writeJSON(w, http.StatusOK, object{
-		"@odata.type":         "#EthernetInterfaceCollection.EthernetInterfaceCollection",
-		"@odata.id":           base,
-		"Name":                "Ethernet Interface Collection",
-		"Members@odata.count": 1,
-		"Members":             []object{link(base + "/nic0")},
-	})
+	writeCollection(w, "/redfish/v1/Systems/"+sys.ID+"/EthernetInterfaces", "EthernetInterface", "Ethernet Interface", "nic0")
 }
 
 func (s *Server) nic(w http.ResponseWriter, r *http.Request, sys *system) {
@@ -320,14 +319,7 @@ func (s *Server) nic(w http.ResponseWriter, r *http.Request, sys *system) {
 }
 
 func (s *Server) storages(w http.ResponseWriter, _ *http.Request, sys *system) {
-	base := "/redfish/v1/Systems/" + sys.ID + "/SimpleStorage"
-	writeJSON(w, http.StatusOK, object{
-		"@odata.type":         "#SimpleStorageCollection.SimpleStorageCollection",
-		"@odata.id":           base,
-		"Name":                "Simple Storage Collection",
-		"Members@odata.count": 1,
-		"Members":             []object{link(base + "/virtio")},
-	})
+	writeCollection(w, "/redfish/v1/Systems/"+sys.ID+"/SimpleStorage", "SimpleStorage", "Simple Storage", "virtio")
 }
 
 func (s *Server) storage(w http.ResponseWriter, r *http.Request, sys *system) {
