@@ -16,9 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"cozy.dev/cozy/bmc"
@@ -153,48 +151,24 @@ func selfSigned() (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
-// startBMCs runs `cozyctl lab bmc serve` in the lab's namespace, in its
-// own session (it outlives lab up, as the lab does), and waits until
-// every BMC answers. deleteNetwork ends it with the rest of the namespace.
+// startBMCs runs `cozyctl lab bmc serve` in the lab's namespace and waits
+// until every BMC answers.
 func (c *Config) startBMCs(ctx context.Context, cozyctl, accel string) error {
-	logPath := filepath.Join(c.Dir, "bmc.log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command("ip", "netns", "exec", Namespace(c.Name), cozyctl, "lab", "bmc", "serve", "--dir", c.Dir, "--accel", accel)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the BMCs: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	creds, err := bmc.LoadCredentials(filepath.Join(c.Dir, BMCCredentialsFile))
 	if err != nil {
 		return err
 	}
-	for _, m := range c.Machines() {
-		addr, _ := bmc.ParseAddress("redfish+https://" + BMCEndpoint(m) + bmc.SystemsPath + "/" + m.UUID)
-		target := bmc.Target{Address: addr, Credentials: creds, InsecureSkipVerify: true, Timeout: 2 * time.Second, DialContext: netns.Dialer(Namespace(c.Name))}
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			ctl, err := bmc.Dial(ctx, target)
-			if err == nil {
-				ctl.Close()
-				break
+	ready := func(ctx context.Context) error {
+		for _, m := range c.Machines() {
+			addr, _ := bmc.ParseAddress("redfish+https://" + BMCEndpoint(m) + bmc.SystemsPath + "/" + m.UUID)
+			ctl, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: creds, InsecureSkipVerify: true,
+				Timeout: 2 * time.Second, DialContext: netns.Dialer(Namespace(c.Name))})
+			if err != nil {
+				return fmt.Errorf("the BMC of %s: %w", m.Name, err)
 			}
-			select {
-			case err := <-exited:
-				return fmt.Errorf("the BMCs exited: %v (log: %s)", err, logPath)
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the BMC of %s does not answer: %v (log: %s)", m.Name, err, logPath)
-			}
+			ctl.Close()
 		}
+		return nil
 	}
-	return nil
+	return c.startDaemon(ctx, "the BMCs", cozyctl, "bmc.log", 0o600, ready, "lab", "bmc", "serve", "--dir", c.Dir, "--accel", accel)
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"cozy.dev/cozy/internal/netns"
@@ -28,50 +27,27 @@ func RegistryURL() string {
 
 // startRegistry runs `cozyctl registry serve` in the lab's namespace, its
 // storage in the lab's dir (so images survive lab down and the next lab
-// up finds them), and waits until it answers. deleteNetwork ends it with
-// the rest of the namespace.
+// up finds them), and waits until it answers.
 func (c *Config) startRegistry(ctx context.Context, cozyctl string) error {
 	dir := filepath.Join(c.Dir, "registry")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(c.Dir, "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
 	addr := net.JoinHostPort(ServerIP.String(), strconv.Itoa(RegistryPort))
-	cmd := exec.Command("ip", "netns", "exec", Namespace(c.Name), cozyctl, "registry", "serve", "--listen", addr, "--dir", dir)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own session: it outlives this command, as the lab does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the registry: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	hc := &http.Client{Transport: &http.Transport{DialContext: netns.Dialer(Namespace(c.Name))}, Timeout: 2 * time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	ready := func(context.Context) error {
 		resp, err := hc.Get("http://" + addr + "/v2/")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if err != nil {
+			return err
 		}
-		select {
-		case err := <-exited:
-			return fmt.Errorf("the registry exited: %v (log: %s)", err, filepath.Join(c.Dir, "registry.log"))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/v2/ answered %s", resp.Status)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the registry does not answer on %s (log: %s)", addr, filepath.Join(c.Dir, "registry.log"))
-		}
+		return nil
 	}
+	return c.startDaemon(ctx, "the registry on "+addr, cozyctl, "registry.log", 0o644, ready, "registry", "serve", "--listen", addr, "--dir", dir)
 }
 
 // mirrorImages copies the images of an OCI layout into the lab's
