@@ -11,69 +11,19 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"cozy.dev/cozy/bmc"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/lab/redfishbmc"
+	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
-
-// fakeMachine is a machine's power as the lab BMC sees it, recording
-// every call.
-type fakeMachine struct {
-	mu    sync.Mutex
-	on    bool
-	calls []string
-}
-
-func (m *fakeMachine) Running(context.Context) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.on, nil
-}
-
-func (m *fakeMachine) record(call string, on bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.calls = append(m.calls, call)
-	m.on = on
-	return nil
-}
-
-func boots(netboot bool) string {
-	if netboot {
-		return "net"
-	}
-	return "disk"
-}
-
-func (m *fakeMachine) Start(_ context.Context, netboot bool) error {
-	return m.record("start "+boots(netboot), true)
-}
-
-func (m *fakeMachine) Stop(_ context.Context, graceful bool) error {
-	if graceful {
-		return m.record("shutdown", false)
-	}
-	return m.record("off", false)
-}
-
-func (m *fakeMachine) Restart(_ context.Context, netboot bool) error {
-	return m.record("restart "+boots(netboot), true)
-}
-
-func (m *fakeMachine) Calls() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.calls)
-}
 
 var creds = bmc.Credentials{Username: "admin", Password: "s3cret-Pa55"}
 
 // labBMC serves one lab BMC on loopback, through wrap if given.
-func labBMC(t *testing.T, m *fakeMachine, wrap func(http.Handler) http.Handler) bmc.Target {
+func labBMC(t *testing.T, m *bmctest.Machine, wrap func(http.Handler) http.Handler) bmc.Target {
 	t.Helper()
 	var h http.Handler = redfishbmc.New(redfishbmc.Credentials(creds), slog.New(slog.DiscardHandler), redfishbmc.System{
 		ID: "cp1", UUID: "0a0b0c0d-0000-4000-8000-000000000001", MAC: "52:54:00:aa:bb:01",
@@ -121,7 +71,7 @@ func TestPowerActions(t *testing.T) {
 		{on: false, action: bmc.Reset, after: bmc.PowerOff, err: "the machine is off"},
 	} {
 		t.Run(fmt.Sprintf("%s_when_on=%v", tc.action, tc.on), func(t *testing.T) {
-			m := &fakeMachine{on: tc.on}
+			m := bmctest.NewMachine(tc.on)
 			c := dial(t, labBMC(t, m, nil))
 			err := c.Power(t.Context(), tc.action)
 			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
@@ -139,7 +89,7 @@ func TestPowerActions(t *testing.T) {
 }
 
 func TestBootPXEOnce(t *testing.T) {
-	m := &fakeMachine{}
+	m := bmctest.NewMachine(false)
 	c := dial(t, labBMC(t, m, nil))
 	ch, err := c.BootPXEOnce(t.Context())
 	if err != nil {
@@ -160,26 +110,9 @@ func TestBootPXEOnce(t *testing.T) {
 	}
 }
 
-// refuseOnce answers a one-time override as some BMC firmware does: 400.
-func refuseOnce(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPatch {
-			body, _ := io.ReadAll(r.Body)
-			if strings.Contains(string(body), `"Once"`) {
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusBadRequest)
-				_, _ = io.WriteString(w, `{"error":{"code":"Base.1.8.PropertyValueNotInList","message":"The value Once for BootSourceOverrideEnabled is not in the list of acceptable values."}}`)
-				return
-			}
-			r.Body = io.NopCloser(strings.NewReader(string(body)))
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 func TestBootOnceRefusedFallsBackToContinuous(t *testing.T) {
-	m := &fakeMachine{}
-	c := dial(t, labBMC(t, m, refuseOnce))
+	m := bmctest.NewMachine(false)
+	c := dial(t, labBMC(t, m, bmctest.RefuseOnce(func(string) bool { return true })))
 	ch, err := c.BootPXEOnce(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +139,7 @@ func TestBootOnceRefusedFallsBackToContinuous(t *testing.T) {
 }
 
 func TestInspect(t *testing.T) {
-	c := dial(t, labBMC(t, &fakeMachine{on: true}, nil))
+	c := dial(t, labBMC(t, bmctest.NewMachine(true), nil))
 	inv, err := c.Inspect(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +179,7 @@ func TestErrors(t *testing.T) {
 	}
 	withTarget := func(f func(*bmc.Target)) func(t *testing.T) bmc.Target {
 		return func(t *testing.T) bmc.Target {
-			target := labBMC(t, &fakeMachine{}, nil)
+			target := labBMC(t, bmctest.NewMachine(false), nil)
 			f(&target)
 			return target
 		}
@@ -254,7 +187,7 @@ func TestErrors(t *testing.T) {
 	tlsBMC := func(insecure bool) func(t *testing.T) bmc.Target {
 		return func(t *testing.T) bmc.Target {
 			srv := httptest.NewTLSServer(redfishbmc.New(redfishbmc.Credentials(creds), slog.New(slog.DiscardHandler),
-				redfishbmc.System{ID: "s", Machine: &fakeMachine{}}))
+				redfishbmc.System{ID: "s", Machine: bmctest.NewMachine(false)}))
 			t.Cleanup(srv.Close)
 			a, _ := bmc.ParseAddress("redfish+" + srv.URL)
 			return bmc.Target{Address: a, Credentials: creds, InsecureSkipVerify: insecure, Timeout: 5 * time.Second}
@@ -328,7 +261,7 @@ func TestEachGoesOnPastAHungBMC(t *testing.T) {
 	for i := range 8 {
 		name := fmt.Sprintf("m%d", i)
 		names = append(names, name)
-		targets[name] = labBMC(t, &fakeMachine{}, nil)
+		targets[name] = labBMC(t, bmctest.NewMachine(false), nil)
 	}
 	a, _ := bmc.ParseAddress("redfish+" + hung.URL)
 	targets["m3"] = bmc.Target{Address: a, Credentials: creds, Timeout: 300 * time.Millisecond}

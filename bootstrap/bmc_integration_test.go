@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/lab/redfishbmc"
+	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
 
 // rigMachine is a rig node behind a BMC: powered on into a network boot
@@ -132,21 +132,7 @@ func bmcRig(t *testing.T, ctx context.Context, cps, workers int, misses map[stri
 func TestBootstrapPowersOnThroughBMC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	refuseOnceForW1 := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			if req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/w1") {
-				body, _ := io.ReadAll(req.Body)
-				if strings.Contains(string(body), `"Once"`) {
-					w.Header().Set("Content-Type", "application/json")
-					w.WriteHeader(http.StatusBadRequest)
-					_, _ = io.WriteString(w, `{"error":{"code":"Base.1.8.PropertyValueNotInList","message":"Once is not supported"}}`)
-					return
-				}
-				req.Body = io.NopCloser(strings.NewReader(string(body)))
-			}
-			next.ServeHTTP(w, req)
-		})
-	}
+	refuseOnceForW1 := bmctest.RefuseOnce(func(path string) bool { return strings.HasSuffix(path, "/w1") })
 	r, machines := bmcRig(t, ctx, 1, 2, map[string]int{"w2": 1}, refuseOnceForW1)
 	p := r.bootstrap("--netboot-timeout", "8s")
 	defer r.failLogs(p)
@@ -171,15 +157,8 @@ func TestBootstrapPowersOnThroughBMC(t *testing.T) {
 		t.Errorf("w1's boot override was not restored:\n%s", tail(p.stderr.String(), 30))
 	}
 	// w1's BMC holds its old override again: the next boot is its disk.
-	addr, _ := bmc.ParseAddress("redfish+http://" + rigSubnet + ".1:8443/redfish/v1/Systems/w1")
-	var change bmc.BootChange
-	c, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: bmc.Credentials{Username: "root", Password: "calvin-1"}, DialContext: r.ns.DialContext})
-	if err == nil {
-		defer c.Close()
-		change, err = c.BootPXEOnce(ctx) // reports the override it found
-	}
-	if err != nil || change.Previous != (bmc.Boot{Target: "None", Enabled: "Disabled"}) {
-		t.Errorf("w1's override after the bootstrap: %+v, %v; want None Disabled", change.Previous, err)
+	if got, err := bootOverride(ctx, r, "w1"); err != nil || got != (bmc.Boot{Target: "None", Enabled: "Disabled"}) {
+		t.Errorf("w1's override after the bootstrap: %+v, %v; want None Disabled", got, err)
 	}
 	for host, m := range machines {
 		t.Logf("%s power-ons: %v", host, m.Starts())
@@ -225,15 +204,9 @@ func TestReprovisionWorker(t *testing.T) {
 		t.Fatalf("bootstrap: %v", err)
 	}
 
-	self, _ := os.Executable()
-	cmd := r.ns.Command(ctx, self, "machine", "reprovision", "w1", "cp1", "--rack", r.rackFile, "--state-dir", r.stateDir, "--timeout", "2m", "-o", "json")
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var rows []bootstrap.Reprovisioned
-	if err == nil || json.Unmarshal(out, &rows) != nil || len(rows) != 2 {
-		t.Fatalf("reprovision: %v (want a failure, for cp1)\n%s%s", err, out, stderr.String())
+	rows, out, err := reprovision(ctx, r, "w1", "cp1", "--timeout", "2m")
+	if err == nil || len(rows) != 2 {
+		t.Fatalf("reprovision: %v (want a failure, for cp1)\n%s", err, out)
 	}
 	if w := rows[0]; w.Machine != "w1" || w.How != "talos reset" || !w.Back || w.Error != "" {
 		t.Errorf("w1: %+v, want a Talos reset back in maintenance mode", w)
@@ -252,14 +225,8 @@ func TestReprovisionWorker(t *testing.T) {
 		t.Errorf("cp1 is %s in the state dir, want ready", ph)
 	}
 	// The BMC holds the one-time network boot set before the reset.
-	addr, _ := bmc.ParseAddress("redfish+http://" + rigSubnet + ".1:8443/redfish/v1/Systems/w1")
-	c, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: bmc.Credentials{Username: "root", Password: "calvin-1"}, DialContext: r.ns.DialContext})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if ch, err := c.BootPXEOnce(ctx); err != nil || ch.Previous != (bmc.Boot{Target: "Pxe", Enabled: "Once"}) {
-		t.Errorf("w1's boot override after the reprovision: %+v, %v; want Pxe Once", ch.Previous, err)
+	if got, err := bootOverride(ctx, r, "w1"); err != nil || got != (bmc.Boot{Target: "Pxe", Enabled: "Once"}) {
+		t.Errorf("w1's boot override after the reprovision: %+v, %v; want Pxe Once", got, err)
 	}
 
 	again := r.bootstrap()
@@ -302,15 +269,9 @@ func TestReprovisionThroughBMC(t *testing.T) {
 	w1 := r.nodes[1]
 	_ = w1.cmd.Process.Kill()
 
-	self, _ := os.Executable()
-	cmd := r.ns.Command(ctx, self, "machine", "reprovision", "w1", "--rack", r.rackFile, "--state-dir", r.stateDir, "--timeout", "15s", "-o", "json")
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var rows []bootstrap.Reprovisioned
-	if err != nil || json.Unmarshal(out, &rows) != nil || len(rows) != 1 {
-		t.Fatalf("reprovision: %v\n%s%s", err, out, stderr.String())
+	rows, out, err := reprovision(ctx, r, "w1", "--timeout", "15s")
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("reprovision: %v\n%s", err, out)
 	}
 	if w := rows[0]; w.How != "bmc" || w.Back || w.Error != "" {
 		t.Errorf("w1: %+v, want a BMC power cycle, not back in maintenance mode", w)
@@ -332,4 +293,36 @@ func TestReprovisionThroughBMC(t *testing.T) {
 	if ph := st.Node("w1").Phase; ph != state.Ready {
 		t.Errorf("w1 is %s after the bootstrap, want ready", ph)
 	}
+}
+
+// reprovision runs `cozyctl machine reprovision ARGS` in the rig's
+// namespace and returns its rows, what it printed, and how it exited.
+func reprovision(ctx context.Context, r *rackRig, args ...string) ([]bootstrap.Reprovisioned, string, error) {
+	self, _ := os.Executable()
+	cmd := r.ns.Command(ctx, self, append([]string{"machine", "reprovision", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json"}, args...)...)
+	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rows []bootstrap.Reprovisioned
+	if jerr := json.Unmarshal(out, &rows); jerr != nil {
+		rows = nil
+	}
+	return rows, string(out) + stderr.String(), err
+}
+
+// bootOverride reads a rig machine's boot override through its BMC (the
+// BootPXEOnce that reads it reports the one it found).
+func bootOverride(ctx context.Context, r *rackRig, host string) (bmc.Boot, error) {
+	addr, err := bmc.ParseAddress("redfish+http://" + rigSubnet + ".1:8443/redfish/v1/Systems/" + host)
+	if err != nil {
+		return bmc.Boot{}, err
+	}
+	c, err := bmc.Dial(ctx, bmc.Target{Address: addr, Credentials: bmc.Credentials{Username: "root", Password: "calvin-1"}, DialContext: r.ns.DialContext})
+	if err != nil {
+		return bmc.Boot{}, err
+	}
+	defer c.Close()
+	ch, err := c.BootPXEOnce(ctx)
+	return ch.Previous, err
 }

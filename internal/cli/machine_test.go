@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -9,54 +8,25 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/lab/redfishbmc"
+	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
-
-type vm struct {
-	mu      sync.Mutex
-	on      bool
-	netboot bool
-}
-
-func (m *vm) Running(context.Context) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.on, nil
-}
-func (m *vm) Start(_ context.Context, netboot bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.on, m.netboot = true, netboot
-	return nil
-}
-func (m *vm) Stop(context.Context, bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.on = false
-	return nil
-}
-func (m *vm) Restart(_ context.Context, netboot bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.netboot = netboot
-	return nil
-}
 
 // bmcRack writes a rack of three machines: two with lab BMCs on loopback,
 // one whose BMC address answers nothing.
-func bmcRack(t *testing.T) (string, map[string]*vm) {
+func bmcRack(t *testing.T) (string, map[string]*bmctest.Machine) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bmc.yaml"), []byte("username: admin\npassword: hunter2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	vms := map[string]*vm{}
+	vms := map[string]*bmctest.Machine{}
 	var machines strings.Builder
 	for i, name := range []string{"cp1", "w1", "w2"} {
 		addr := ""
@@ -68,7 +38,7 @@ func bmcRack(t *testing.T) (string, map[string]*vm) {
 			addr = "http://" + l.Addr().String()
 			l.Close()
 		} else {
-			vms[name] = &vm{}
+			vms[name] = bmctest.NewMachine(false)
 			srv := httptest.NewServer(redfishbmc.New(redfishbmc.Credentials{Username: "admin", Password: "hunter2"}, slog.New(slog.DiscardHandler),
 				redfishbmc.System{ID: name, UUID: fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i), MAC: fmt.Sprintf("52:54:00:00:00:0%d", i+1), CPUs: 1, MemoryMiB: 2048, DiskBytes: 10 << 30, Machine: vms[name]}))
 			t.Cleanup(srv.Close)
@@ -101,8 +71,8 @@ func TestMachineCommands(t *testing.T) {
 		t.Fatalf("power on: exit %d\n%s%s", code, out, stderr)
 	}
 	for name, m := range vms {
-		if !m.on || !m.netboot {
-			t.Errorf("%s: on %v, netboot %v; want both", name, m.on, m.netboot)
+		if got := m.Calls(); !slices.Equal(got, []string{"start net"}) {
+			t.Errorf("%s: %q, want powered on into a network boot", name, got)
 		}
 	}
 

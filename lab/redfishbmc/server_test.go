@@ -1,7 +1,6 @@
 package redfishbmc
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -9,19 +8,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
-
-type machine struct{ on bool }
-
-func (m *machine) Running(context.Context) (bool, error) { return m.on, nil }
-func (m *machine) Start(context.Context, bool) error     { m.on = true; return nil }
-func (m *machine) Stop(context.Context, bool) error      { m.on = false; return nil }
-func (m *machine) Restart(context.Context, bool) error   { return nil }
 
 // TestRequests covers what a client can get wrong: credentials, paths,
 // bodies. Each gets Redfish's error format and a status that says why.
 func TestRequests(t *testing.T) {
-	srv := httptest.NewServer(New(Credentials{"admin", "pw"}, slog.New(slog.DiscardHandler), System{ID: "n1", Machine: &machine{}}))
+	srv := httptest.NewServer(New(Credentials{"admin", "pw"}, slog.New(slog.DiscardHandler), System{ID: "n1", Machine: bmctest.NewMachine(false)}))
 	defer srv.Close()
 	for _, tc := range []struct {
 		name, method, path, body string

@@ -3,43 +3,16 @@
 package redfishbmc
 
 import (
-	"context"
 	"log/slog"
 	"net/http/httptest"
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
-
-// recorder is a machine that records its starts.
-type recorder struct {
-	mu     sync.Mutex
-	on     bool
-	starts []bool
-}
-
-func (r *recorder) Running(context.Context) (bool, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.on, nil
-}
-func (r *recorder) Start(_ context.Context, netboot bool) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.on, r.starts = true, append(r.starts, netboot)
-	return nil
-}
-func (r *recorder) Stop(context.Context, bool) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.on = false
-	return nil
-}
-func (r *recorder) Restart(context.Context, bool) error { return nil }
 
 // TestSushyDrivesTheLabBMC: the lab's BMC answers sushy, the Redfish
 // client OpenStack Ironic drives real iDRACs and iLOs with (Debian's
@@ -51,7 +24,7 @@ func TestSushyDrivesTheLabBMC(t *testing.T) {
 	if err := exec.Command(python, "-c", "import sushy").Run(); err != nil {
 		prereq.Missing(t, "python3-sushy is not installed (hack/install-deps.sh): %v", err)
 	}
-	m := &recorder{}
+	m := bmctest.NewMachine(false)
 	srv := httptest.NewTLSServer(New(Credentials{"admin", "s3cret-sushy"}, slog.New(slog.DiscardHandler),
 		System{ID: "n1", UUID: "0a0b0c0d-0000-4000-8000-000000000001", MAC: "52:54:00:aa:bb:01", CPUs: 2, MemoryMiB: 2048, DiskBytes: 8 << 30, Machine: m}))
 	defer srv.Close()
@@ -79,7 +52,7 @@ func TestSushyDrivesTheLabBMC(t *testing.T) {
 			t.Errorf("sushy's output lacks %q:\n%s", want, got)
 		}
 	}
-	if !slices.Equal(m.starts, []bool{true}) {
-		t.Errorf("the machine started %v (netboot each time); want once, netbooting", m.starts)
+	if got := m.Calls(); !slices.Equal(got, []string{"start net", "off"}) {
+		t.Errorf("the machine was told %q; want to start once, netbooting, then to power off", got)
 	}
 }
