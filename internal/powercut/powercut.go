@@ -49,12 +49,12 @@ const Size = 32 << 20
 // Disk is an ext4 file system mounted at Dir whose power can be cut.
 type Disk struct {
 	// Dir is where the file system is mounted.
-	Dir string
-	dev *device
-	rng *rand.Rand
-	tmp string
-	mu  sync.Mutex
-	n   int
+	Dir  string
+	dev  *device
+	rng  *rand.Rand
+	base string
+	mu   sync.Mutex
+	n    int
 }
 
 // Image is the disk as found after one power cut.
@@ -94,22 +94,16 @@ func New(t testing.TB, seed uint64) *Disk {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Disk{Dir: filepath.Join(base, "mnt"), dev: newDevice(Size), rng: rand.New(rand.NewPCG(seed, seed)), tmp: t.TempDir()}
+	d := &Disk{Dir: filepath.Join(base, "mnt"), dev: newDevice(Size), rng: rand.New(rand.NewPCG(seed, seed)), base: base}
 	devDir := filepath.Join(base, "dev")
-	for _, dir := range []string{devDir, d.Dir} {
+	for _, dir := range []string{devDir, d.Dir, filepath.Join(base, "cuts")} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 
-	root := &fs.Inode{}
-	server, err := fs.Mount(devDir, root, &fs.Options{
-		MountOptions: fuse.MountOptions{DirectMountStrict: true, FsName: "cozy-powercut", Name: "cozy-powercut"},
-		OnAdd: func(ctx context.Context) {
-			root.AddChild("disk", root.NewPersistentInode(ctx, d.dev, fs.StableAttr{Mode: syscall.S_IFREG}), false)
-		},
-	})
+	server, err := mountDevice(devDir, d.dev)
 	if err != nil {
 		t.Fatalf("mount the FUSE disk: %v", err)
 	}
@@ -135,7 +129,7 @@ func (d *Disk) Cut(t testing.TB) Image {
 	d.mu.Lock()
 	data, unflushed, kept := d.dev.cut(d.rng)
 	d.n++
-	path := filepath.Join(d.tmp, fmt.Sprintf("cut-%03d.img", d.n))
+	path := filepath.Join(d.base, "cuts", fmt.Sprintf("%03d.img", d.n))
 	d.mu.Unlock()
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
@@ -155,18 +149,65 @@ func (d *Disk) Flushes() int {
 // confirm the file system itself came through whole.
 func (img Image) Mount(t testing.TB, check func(dir string)) {
 	t.Helper()
-	dir, err := os.MkdirTemp(filepath.Dir(img.Path), "mnt-")
-	if err != nil {
+	dir := strings.TrimSuffix(img.Path, ".img")
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "mount", "-t", "ext4", "-o", "loop", img.Path, dir)
+	// losetup, not mount -o loop: libmount's -o loop looks at every loop
+	// device, and one backed by a dead FUSE disk would hang it.
+	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", img.Path))
 	func() {
+		defer func() { _ = exec.Command("losetup", "-d", loop).Run() }()
+		run(t, "mount", "-t", "ext4", loop, dir)
 		defer unmount(t, dir)
 		check(dir)
 	}()
 	if out, err := exec.Command("e2fsck", "-fn", img.Path).CombinedOutput(); err != nil {
 		t.Errorf("%s: the file system is damaged after the cut: %v\n%s", filepath.Base(img.Path), err, out)
 	}
+}
+
+// mountDevice serves dev as the file "disk" in dir over FUSE. go-fuse
+// opens /dev/fuse without O_CLOEXEC; every program the test runs would
+// inherit it and keep the connection alive after the test process dies,
+// hanging whatever touches the disk's loop device then. So the
+// descriptor is made close-on-exec while no fork can happen.
+func mountDevice(dir string, dev *device) (*fuse.Server, error) {
+	syscall.ForkLock.Lock()
+	defer syscall.ForkLock.Unlock()
+	before := fuseFDs()
+	root := &fs.Inode{}
+	server, err := fs.Mount(dir, root, &fs.Options{
+		MountOptions: fuse.MountOptions{DirectMountStrict: true, FsName: "cozy-powercut", Name: "cozy-powercut"},
+		OnAdd: func(ctx context.Context) {
+			root.AddChild("disk", root.NewPersistentInode(ctx, dev, fs.StableAttr{Mode: syscall.S_IFREG}), false)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	for fd := range fuseFDs() {
+		if !before[fd] {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+				_ = server.Unmount()
+				return nil, err
+			}
+		}
+	}
+	return server, nil
+}
+
+// fuseFDs is the set of this process's descriptors open on /dev/fuse.
+func fuseFDs() map[int]bool {
+	fds := map[int]bool{}
+	entries, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range entries {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == "/dev/fuse" {
+			fd, _ := strconv.Atoi(e.Name())
+			fds[fd] = true
+		}
+	}
+	return fds
 }
 
 // device is the disk: durable is what survives a power cut, pending the
@@ -304,7 +345,9 @@ func unmount(t testing.TB, dir string) {
 }
 
 // sweepOrphans takes down what test processes that died without cleaning
-// up (SIGKILL, a crash) left: their mounts and loop devices.
+// up (SIGKILL, a crash) left: their loop devices first (detached now, or
+// as soon as their file system is unmounted), then their mounts and
+// directories.
 func sweepOrphans() {
 	dead := func(path string) bool {
 		_, rest, ok := strings.Cut(path, "/"+prefix)
@@ -315,23 +358,32 @@ func sweepOrphans() {
 		pid, err := strconv.Atoi(pidText)
 		return err == nil && pid != os.Getpid() && unix.Kill(pid, 0) != nil
 	}
-	if data, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		var mounts []string
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && dead(f[4]) {
-				mounts = append(mounts, f[4])
-			}
-		}
-		// The file systems on the loop devices first, the FUSE disks last.
-		slices.SortFunc(mounts, func(a, b string) int { return strings.Compare(b, a) })
-		for _, m := range mounts {
-			_ = unix.Unmount(m, unix.MNT_DETACH)
-		}
-	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, f := range files {
 		if data, err := os.ReadFile(f); err == nil && dead(strings.TrimSpace(string(data))) {
 			_ = exec.Command("losetup", "-d", "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f)))).Run()
+		}
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && dead(f[4]) {
+			mounts = append(mounts, f[4])
+		}
+	}
+	// The disk's file system (BASE/mnt) before the FUSE disk under it
+	// (BASE/dev): reverse order of their paths.
+	slices.SortFunc(mounts, func(a, b string) int { return strings.Compare(b, a) })
+	for _, m := range mounts {
+		_ = unix.Unmount(m, unix.MNT_DETACH)
+	}
+	bases, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, b := range bases {
+		if dead(b) {
+			os.RemoveAll(b)
 		}
 	}
 }

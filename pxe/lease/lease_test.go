@@ -254,7 +254,7 @@ func TestCrashSafety(t *testing.T) {
 		_ = cmd.Wait()
 		next += 1000
 
-		s := reopenAfterKill(t, round, dir, granted)
+		s := reopenChecked(t, fmt.Sprintf("round %d after kill -9", round), dir, granted)
 		s.Close()
 	}
 	t.Logf("%d leases survived 8 kill -9s", len(granted))
@@ -307,21 +307,9 @@ func leaseChild(dir string) {
 	for w := range 4 {
 		go func() {
 			for {
-				var batch []string
-				var seq Seq
-				for range 1 + w/2*rand.IntN(16) {
-					i := next.Add(1)
-					mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
-					addr, err := s.Offer(mac, netip.Addr{})
-					if err != nil {
-						os.Exit(1)
-					}
-					if _, seq, err = s.GrantBuffered(mac, addr, time.Hour); err != nil {
-						os.Exit(1)
-					}
-					batch = append(batch, mac+" "+addr.String())
-				}
-				if err := s.Sync(seq); err != nil {
+				batch, err := grantBatch(s, w, &next)
+				if err != nil {
+					fmt.Println("grant:", err)
 					os.Exit(1)
 				}
 				out.Lock()
@@ -333,6 +321,28 @@ func leaseChild(dir string) {
 		}()
 	}
 	select {}
+}
+
+// grantBatch grants leases to new MACs, numbered from next: one at a time
+// for granters 0 and 1, in batches of up to 16 for 2 and 3 as the server's
+// DHCP loop does (grants appended, one Sync, then the ACKs). It returns
+// them as "MAC ADDRESS" lines once they are durable.
+func grantBatch(s *Store, w int, next *atomic.Int64) ([]string, error) {
+	var batch []string
+	var seq Seq
+	for range 1 + w/2*rand.IntN(16) {
+		i := next.Add(1)
+		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
+		addr, err := s.Offer(mac, netip.Addr{})
+		if err != nil {
+			return nil, err
+		}
+		if _, seq, err = s.GrantBuffered(mac, addr, time.Hour); err != nil {
+			return nil, err
+		}
+		batch = append(batch, mac+" "+addr.String())
+	}
+	return batch, s.Sync(seq)
 }
 
 // The journal's hand-written encoder writes what encoding/json would, so
@@ -579,7 +589,7 @@ func TestCompactionCrashSafety(t *testing.T) {
 		_ = cmd.Wait()
 		next += 10000
 
-		s := reopenAfterKill(t, round, dir, granted)
+		s := reopenChecked(t, fmt.Sprintf("round %d after kill -9", round), dir, granted)
 		s.Close()
 		entries, _ := os.ReadDir(dir)
 		if len(entries) != 1 {
@@ -692,24 +702,24 @@ func TestLeasesOutsideEveryNetworkKept(t *testing.T) {
 	}
 }
 
-// reopenAfterKill opens the store a killed process left and fails the test
-// if an address is leased twice or a lease the process granted is gone.
-func reopenAfterKill(t *testing.T, round int, dir string, granted map[string]string) *Store {
+// reopenChecked opens the store a kill -9 or a power cut left and fails
+// the test if an address is leased twice or a granted lease is gone.
+func reopenChecked(t *testing.T, label string, dir string, granted map[string]string) *Store {
 	t.Helper()
 	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.255.254"), nil, nil)
 	if err != nil {
-		t.Fatalf("round %d: reopen after kill -9: %v", round, err)
+		t.Fatalf("%s: reopen: %v", label, err)
 	}
 	seen := map[netip.Addr]string{}
 	for _, l := range s.Leases() {
 		if other, dup := seen[l.IP]; dup {
-			t.Fatalf("round %d: %s leased to %s and %s", round, l.IP, other, l.MAC)
+			t.Fatalf("%s: %s leased to %s and %s", label, l.IP, other, l.MAC)
 		}
 		seen[l.IP] = l.MAC
 	}
 	for mac, addr := range granted {
 		if l, ok := s.Lookup(mac); !ok || l.IP.String() != addr {
-			t.Fatalf("round %d: granted lease %s -> %s lost (found %v %v)", round, mac, addr, l.IP, ok)
+			t.Fatalf("%s: granted lease %s -> %s lost (found %v %v)", label, mac, addr, l.IP, ok)
 		}
 	}
 	return s
