@@ -16,6 +16,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+
+	"cozy.dev/cozy/internal/atomicfile"
 )
 
 // KeyFile is the key's name in the state directory.
@@ -36,16 +38,14 @@ func Load(dir string) (*Keyring, error) {
 		if _, err := rand.Read(key); err != nil {
 			return nil, err
 		}
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		// Written whole and synced with its directory, or not at all: a
+		// crash must not leave a short key that stops the next start.
+		err := atomicfile.Create(path, key, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			return Load(dir) // another process made it first
+		}
 		if err != nil {
 			return nil, fmt.Errorf("create token key: %w", err)
-		}
-		if _, err := f.Write(key); err != nil {
-			f.Close()
-			return nil, err
-		}
-		if err := errors.Join(f.Sync(), f.Close()); err != nil {
-			return nil, err
 		}
 		return &Keyring{key: key}, nil
 	}
