@@ -91,12 +91,11 @@ e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (
 		$(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 
 .PHONY: bench
-bench: build envtest node ## Benchmarks, ours and peers side by side in one run, and the lab: 3 nodes three times and 6 API-only, 2 and 3 with real nodes (root; installs the peers)
-	hack/install-deps.sh bench
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" \
-		$(GO) test -tags 'integration bench' -count=1 -timeout 30m -run 'Bench' -v ./pxe/ ./bootstrap/ ./operators/tenantcluster/ | grep -v -e '^=== RUN' -e '^--- PASS'
-	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO) test -tags 'integration lab bench' -count=1 -timeout 100m -run 'TestBenchLab' -v ./lab/ | grep -v -e '^=== RUN' -e '^--- PASS'
+bench: build envtest node ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)
+	GO=$(GO) hack/bench.sh
+
+.PHONY: microbench
+microbench: ## Go microbenchmarks of the netboot server's hot paths (diagnostics for profiling, no goals)
 	$(GO) test -run '^$$' -bench . -benchmem ./pxe/...
 
 .PHONY: generate

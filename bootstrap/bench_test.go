@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/verdict"
 )
 
 // TestBenchBootstrap times `cozyctl bootstrap` from start to a working
@@ -60,7 +61,7 @@ func TestBenchBootstrap(t *testing.T) {
 			r.phases[state.Ready].Round(10*time.Millisecond), r.total.Round(10*time.Millisecond))
 	}
 	ready := func(i int) float64 { return float64(runs[i].phases[state.Ready]) }
-	fmt.Fprintf(&b, "to a working kubeconfig: 9 vs 3 machines %.2fx (target at most 1.3x); --parallel 1 vs parallel, 9 machines: %.2fx\n",
-		ready(1)/ready(0), ready(2)/ready(1))
+	fmt.Fprintf(&b, "--parallel 1 vs parallel, 9 machines: %.2fx (the peer's way; no goal)\n", ready(2)/ready(1))
 	t.Log(b.String())
+	verdict.AtMost("bootstrap to a working kubeconfig, 9 vs 3 emulated machines", ready(1)/ready(0), 1.3, "%.2fx")
 }

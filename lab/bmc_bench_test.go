@@ -20,6 +20,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 
 	"cozy.dev/cozy/internal/netns"
+	"cozy.dev/cozy/internal/verdict"
 	"cozy.dev/cozy/lab"
 )
 
@@ -114,20 +115,13 @@ func TestBenchLabBMC(t *testing.T) {
 		c.Nodes, ratio(all.on, one.on), last.Sub(started).Round(100*time.Millisecond), off.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  (power on starts %d QEMU processes, CPU-bound on %d cores, and the DISCOVERs wait for %d firmwares: reported, not goals of the BMCs')\n",
 		c.Nodes, runtime.NumCPU(), c.Nodes)
-	verdict := func(goal string, ok bool, measured string) {
-		v := "PASS"
-		if !ok {
-			v = "MISS: " + measured
-		}
-		fmt.Fprintf(&b, "  goal %s: %s\n", goal, v)
-	}
+	t.Log("\n" + b.String())
 	for _, g := range []struct {
 		name     string
 		all, one time.Duration
 	}{{"boot pxe --once", all.boot, one.boot}, {"power status", all.status, one.status}} {
-		verdict(fmt.Sprintf("%s of %d BMCs at once ≤ 1.5× one", g.name, c.Nodes), g.all.Seconds() <= 1.5*g.one.Seconds(), fmt.Sprintf("%.2fx", g.all.Seconds()/g.one.Seconds()))
+		verdict.AtMost(fmt.Sprintf("machine %s: %d BMCs at once / one", g.name, c.Nodes), g.all.Seconds()/g.one.Seconds(), 1.5, "%.2fx")
 	}
-	t.Log("\n" + b.String())
 }
 
 // op is how long each `cozyctl machine` command took.

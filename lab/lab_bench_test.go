@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"cozy.dev/cozy/internal/verdict"
 	"cozy.dev/cozy/lab"
 )
 
@@ -80,20 +81,9 @@ func TestBenchLab(t *testing.T) {
 	if small.Accel == "kvm" {
 		goal = 60 * time.Second
 	}
-	fmt.Fprintf(&b, "goals: 3 nodes ≤ %s (%s, median of 3 runs); at 3 and 6 nodes ≤ 20 %% of the wall time beyond the VMs' CPU / cores\n", goal, small.Accel)
-	var misses []string
-	if median > goal {
-		misses = append(misses, fmt.Sprintf("3 nodes %s vs %s", median.Round(time.Second), goal))
-	}
-	if worst > 0.2 {
-		misses = append(misses, fmt.Sprintf("%.0f %% beyond the VMs' CPU vs 20 %%", 100*worst))
-	}
-	verdict := "PASS"
-	if len(misses) > 0 {
-		verdict = "MISS: " + strings.Join(misses, "; ")
-	}
-	fmt.Fprintf(&b, "verdict: %s\n", verdict)
 	t.Log("\n" + b.String())
+	verdict.AtMost(fmt.Sprintf("lab up, 3 API-only nodes (%s, median of 3 runs), s", small.Accel), median.Seconds(), goal.Seconds(), "%.0f")
+	verdict.AtMost("lab up at 3 and 6 nodes: wall time beyond the VMs' CPU / cores, worst run, %", 100*worst, 20, "%.0f")
 }
 
 // benchAccel is the accelerator the lab benches use:
@@ -198,16 +188,12 @@ func TestBenchLabNodes(t *testing.T) {
 	writeVMCPU(&b, time.Second, runs[0].res, runs[1].res)
 	three := runs[1]
 	dns, ok := at(three, "CoreDNS available")
-	beyond := beyondCPU(three.res)
-	verdict := "PASS"
-	switch {
-	case !ok:
-		verdict = fmt.Sprintf("MISS (CoreDNS not available within %s of the bootstrap: %v)", wait, three.err)
-	case dns > 300*time.Second || beyond > 0.2:
-		verdict = fmt.Sprintf("MISS (%s, %.0f %% beyond the VMs' CPU)", dns.Round(time.Second), 100*beyond)
-	}
-	fmt.Fprintf(&b, "goal: 3 nodes to every Node Ready and CoreDNS available ≤ 300 s, time beyond the VMs' CPU / cores ≤ 20 %%\n")
 	fmt.Fprintf(&b, "peer: Talos's own local clusters, from its docs (docs/lab.md#measured); its QEMU provisioner needs KVM\n")
-	fmt.Fprintf(&b, "verdict: %s\n", verdict)
 	t.Log("\n" + b.String())
+	measured := fmt.Sprintf("not within %s (%v)", wait, three.err)
+	if ok {
+		measured = fmt.Sprintf("%.0f", dns.Seconds())
+	}
+	verdict.Report("lab up --node-services on, 3 nodes: every Node Ready and CoreDNS available, s", measured, "≤ 300", ok && dns <= 300*time.Second)
+	verdict.AtMost("lab up --node-services on, 3 nodes: wall time beyond the VMs' CPU / cores, %", 100*beyondCPU(three.res), 20, "%.0f")
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,13 +18,15 @@ import (
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/procstat"
+	"cozy.dev/cozy/internal/verdict"
 )
 
 // TestBenchDHCPLeaseRate measures, with perfdhcp, the highest rate of DORA
 // exchanges per second each server answers without loss (at most 0.1 %
 // of exchanges dropped), stepping the offered rate up: Cozy (full mode,
-// every lease fsynced before its ACK), Kea 2.2 (memfile, persisted, its
-// default single-threaded configuration) and dnsmasq, each alone in the
+// every lease fsynced before its ACK), Kea 2.2 (memfile, persisted) in its
+// default single-threaded configuration and with multi-threading on (a
+// thread per core), and dnsmasq, each alone in the
 // same namespace setup. perfdhcp shares the machine's two cores with the
 // server, as it would on any one-machine bench. Run with `make bench`.
 func TestBenchDHCPLeaseRate(t *testing.T) {
@@ -54,7 +57,8 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 		start func(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd
 	}{
 		{"cozy", startCozyBench},
-		{"kea", startKeaBench},
+		{"kea", startKeaBench(false)},
+		{"kea-mt", startKeaBench(true)},
 		{"dnsmasq", startDnsmasqBench},
 	}
 	type summary struct{ lossless, peak float64 }
@@ -78,7 +82,9 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 				}
 			}
 			var sum summary
-			for _, rate := range rates {
+			retried := false
+			for i := 0; i < len(rates); i++ {
+				rate := rates[i]
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds+30)*time.Second)
 				args := []string{"-4", "-l", "eth0", "-r", strconv.Itoa(rate), "-R", strconv.Itoa(clients), "-p", strconv.Itoa(seconds)}
 				cpu0 := processCPU(cmd.Process.Pid)
@@ -94,6 +100,13 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 				sum.peak = max(sum.peak, res.rate)
 				lossless := res.dropRatio() <= 0.001
 				t.Logf("%-8s offered %6d/s: %8.0f leases/s, %.2f %% dropped, server busy %3.0f %% of a core", s.name, rate, res.rate, 100*res.dropRatio(), 100*busy)
+				if !lossless && !retried {
+					// Once per server: one slow fdatasync (or a busy
+					// neighbour) must not end the ladder.
+					retried = true
+					i--
+					continue
+				}
 				if !lossless {
 					break
 				}
@@ -102,21 +115,26 @@ func TestBenchDHCPLeaseRate(t *testing.T) {
 			results[s.name] = sum
 		})
 	}
-	cozy, kea, dnsmasq := results["cozy"], results["kea"], results["dnsmasq"]
-	fmt.Printf("\nDHCP leases/s without loss (<= 0.1 %% dropped; perfdhcp, %d clients, %d s steps from %d/s):\n", clients, seconds, rates[0])
-	for _, n := range []string{"cozy", "kea", "dnsmasq"} {
-		fmt.Printf("  %-8s %7.0f   peak %7.0f\n", n, results[n].lossless, results[n].peak)
+	fmt.Printf("\nDHCP leases/s without loss (<= 0.1 %% dropped; perfdhcp, %d clients, %d s steps from %d/s, a lossy step tried twice):\n", clients, seconds, rates[0])
+	for _, s := range servers {
+		fmt.Printf("  %-8s %7.0f   peak %7.0f\n", s.name, results[s.name].lossless, results[s.name].peak)
 	}
-	if kea.lossless > 0 {
-		fmt.Printf("  cozy/kea without loss = %.2f (goal >= 1.5); peak cozy/kea = %.2f\n", cozy.lossless/kea.lossless, cozy.peak/kea.peak)
+	cozy := results["cozy"]
+	ratio := func(peer string) float64 {
+		if p := results[peer].lossless; p > 0 {
+			return cozy.lossless / p
+		}
+		return 0
 	}
-	if dnsmasq.peak > 0 {
-		fmt.Printf("  peak cozy/dnsmasq = %.2f\n", cozy.peak/dnsmasq.peak)
+	fmt.Println()
+	verdict.AtLeast("DHCP leases/s without loss, cozy / Kea single-threaded", ratio("kea"), 1.5, "%.2f")
+	verdict.AtLeast(fmt.Sprintf("DHCP leases/s without loss, cozy / Kea multi-threaded (%d threads)", runtime.NumCPU()), ratio("kea-mt"), 1.0, "%.2f")
+	if dnsmasq := results["dnsmasq"]; dnsmasq.peak > 0 {
+		fmt.Printf("  peak cozy/dnsmasq = %.2f (dnsmasq writes its lease file without fsync; no goal)\n", cozy.peak/dnsmasq.peak)
 	}
 	fmt.Println()
 }
 
-// processCPU is the CPU time a process has used, 0 if it is gone.
 func processCPU(pid int) time.Duration {
 	d, _ := procstat.CPU(pid)
 	return d
@@ -169,21 +187,31 @@ func startCozyBench(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {
 	return startLogged(t, cmd, dir)
 }
 
-func startKeaBench(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {
-	conf := fmt.Sprintf(`{"Dhcp4": {
+// startKeaBench starts Kea 2.2 with its lease file persisted; mt turns on
+// multi-threading with a thread per core, ISC's recommended production
+// setting.
+func startKeaBench(mt bool) func(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {
+	return func(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {
+		threading := `"multi-threading": {"enable-multi-threading": false},`
+		if mt {
+			threading = fmt.Sprintf(`"multi-threading": {"enable-multi-threading": true, "thread-pool-size": %d, "packet-queue-size": 64},`, runtime.NumCPU())
+		}
+		conf := fmt.Sprintf(`{"Dhcp4": {
   "interfaces-config": {"interfaces": ["boot0"], "dhcp-socket-type": "raw"},
   "lease-database": {"type": "memfile", "persist": true, "name": %q, "lfc-interval": 0},
+  %s
   "valid-lifetime": 3600,
   "subnet4": [{"id": 1, "subnet": "10.78.0.0/16", "pools": [{"pool": "10.78.1.0 - 10.78.200.255"}]}],
   "loggers": [{"name": "kea-dhcp4", "output_options": [{"output": "stderr"}], "severity": "ERROR"}]
-}}`, filepath.Join(dir, "leases.csv"))
-	path := filepath.Join(dir, "kea.json")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
+}}`, filepath.Join(dir, "leases.csv"), threading)
+		path := filepath.Join(dir, "kea.json")
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := ns.Command(context.Background(), "kea-dhcp4", "-c", path)
+		cmd.Env = append(os.Environ(), "KEA_PIDFILE_DIR="+dir, "KEA_LOCKFILE_DIR="+dir)
+		return startLogged(t, cmd, dir)
 	}
-	cmd := ns.Command(context.Background(), "kea-dhcp4", "-c", path)
-	cmd.Env = append(os.Environ(), "KEA_PIDFILE_DIR="+dir, "KEA_LOCKFILE_DIR="+dir)
-	return startLogged(t, cmd, dir)
 }
 
 func startDnsmasqBench(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {

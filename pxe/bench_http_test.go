@@ -16,6 +16,7 @@ import (
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/verdict"
 )
 
 // TestBenchHTTPFanOut is a rack booting at once: 50 clients each download
@@ -127,8 +128,12 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 			t.Logf("%-6s %d x %d MB in %v: %.0f MiB/s", s.name, clients, size>>20, elapsed.Round(time.Millisecond), rates[s.name])
 		})
 	}
+	fmt.Printf("\nHTTP boot fan-out (%d clients x %d MB over veth):\n  cozy   %6.0f MiB/s\n  nginx  %6.0f MiB/s\n",
+		clients, size>>20, rates["cozy"], rates["nginx"])
+	ratio := 0.0
 	if rates["nginx"] > 0 {
-		fmt.Printf("\nHTTP boot fan-out (%d clients x %d MB over veth):\n  cozy   %6.0f MiB/s\n  nginx  %6.0f MiB/s\n  ratio cozy/nginx = %.2f (goal >= 0.9)\n\n",
-			clients, size>>20, rates["cozy"], rates["nginx"], rates["cozy"]/rates["nginx"])
+		ratio = rates["cozy"] / rates["nginx"]
 	}
+	verdict.AtLeast(fmt.Sprintf("HTTP boot fan-out (%d clients), cozy / nginx", clients), ratio, 0.9, "%.2f")
+	fmt.Println()
 }

@@ -153,10 +153,25 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 const applyParallelism = 6
 
 // applyAll applies the children and counts those that did not exist.
-// Roles go first: the API server checks a RoleBinding against the Role
-// it grants (RBAC escalation rules), so the Role must exist.
 func (r *Reconciler) applyAll(ctx context.Context, desired []*unstructured.Unstructured, existing map[objectKey]client.Object) (int, error) {
 	var created atomic.Int32
+	err := inWaves(desired, func(u *unstructured.Unstructured) error {
+		did, err := r.apply(ctx, u, existing)
+		if err != nil {
+			return fmt.Errorf("apply %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+		if did && existing[keyOf(u)] == nil {
+			created.Add(1)
+		}
+		return nil
+	})
+	return int(created.Load()), err
+}
+
+// inWaves runs f for every child, applyParallelism at once: Roles first,
+// since the API server checks a RoleBinding against the Role it grants
+// (RBAC escalation rules), so the Role must exist; then the rest.
+func inWaves(desired []*unstructured.Unstructured, f func(*unstructured.Unstructured) error) error {
 	for _, wave := range [][]*unstructured.Unstructured{
 		slices.DeleteFunc(slices.Clone(desired), func(u *unstructured.Unstructured) bool { return u.GetKind() != "Role" }),
 		slices.DeleteFunc(slices.Clone(desired), func(u *unstructured.Unstructured) bool { return u.GetKind() == "Role" }),
@@ -166,22 +181,13 @@ func (r *Reconciler) applyAll(ctx context.Context, desired []*unstructured.Unstr
 		var g errgroup.Group
 		g.SetLimit(applyParallelism)
 		for _, u := range wave {
-			g.Go(func() error {
-				did, err := r.apply(ctx, u, existing)
-				if err != nil {
-					return fmt.Errorf("apply %s %s: %w", u.GetKind(), u.GetName(), err)
-				}
-				if did && existing[keyOf(u)] == nil {
-					created.Add(1)
-				}
-				return nil
-			})
+			g.Go(func() error { return f(u) })
 		}
 		if err := g.Wait(); err != nil {
-			return int(created.Load()), err
+			return err
 		}
 	}
-	return int(created.Load()), nil
+	return nil
 }
 
 // desiredAddons are the add-ons' objects once the tenant has an API

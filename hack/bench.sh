@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, ours and its peer side by side, each ending
+# in verdict lines (internal/verdict); then one table of all verdicts,
+# dated, with the commit. A failing benchmark does not stop the others;
+# the script fails at the end if any did. The log is kept in bin/bench.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+log=bin/bench.log
+mkdir -p bin
+: >"$log"
+status=0
+go_test() {
+	"${GO:-go}" test -count=1 -v "$@" 2>&1 | grep --line-buffered -v -e '^=== RUN' -e '^--- PASS' | tee -a "$log"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+
+hack/install-deps.sh bench || exit 1
+KUBEBUILDER_ASSETS="$(hack/envtest-assets.sh)" || exit 1
+export KUBEBUILDER_ASSETS
+go_test -tags 'integration bench' -timeout 30m -run 'Bench' ./pxe/ ./bootstrap/ ./operators/tenantcluster/
+COZY_BOOT_ASSETS="$(hack/boot-assets.sh)" COZY_NODE_ASSETS="$(hack/node-assets.sh)" COZY_LAB_IMAGES="$(hack/lab-images.sh)" \
+	COZY_NODE_BINARY="$PWD/bin/cozy-talos-node" \
+	go_test -tags 'integration lab bench' -timeout 100m -run 'TestBenchLab' ./lab/
+
+echo
+echo "## make bench, $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)'), $(nproc) cores"
+echo
+echo "| benchmark | measured | goal | verdict |"
+echo "|---|---|---|---|"
+grep '^verdict | ' "$log" | sed 's/^verdict | /| /; s/$/ |/'
+if ! grep -q '^verdict | ' "$log"; then
+	echo "no benchmark reached its verdict"
+	status=1
+fi
+exit $status
