@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 const fixtureCRD = `apiVersion: apiextensions.k8s.io/v1
@@ -164,5 +166,58 @@ func TestModuleDirUnknownModule(t *testing.T) {
 	_, err := ModuleDir(ctx, "sigs.k8s.io/cluster-api", "v0.0.0-not-a-version")
 	if err == nil || !strings.Contains(err.Error(), "go mod download sigs.k8s.io/cluster-api@v0.0.0-not-a-version") {
 		t.Fatalf("error = %v, want one naming the module", err)
+	}
+}
+
+// The platform's components' modules yield the CRDs of every kind the
+// platform renders for them: MetalLB's and the Cluster API operator's
+// from kustomize directories, KubeVirt's from a YAML file, CDI's from the
+// string literals of a generated Go file.
+func TestPlatformCRDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	crds, err := LoadCRDs(ctx, PlatformCRDs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, crd := range crds {
+		names[crd.Name] = true
+	}
+	for _, want := range []string{
+		"ipaddresspools.metallb.io", "l2advertisements.metallb.io",
+		"coreproviders.operator.cluster.x-k8s.io", "bootstrapproviders.operator.cluster.x-k8s.io",
+		"controlplaneproviders.operator.cluster.x-k8s.io", "infrastructureproviders.operator.cluster.x-k8s.io",
+		"kubevirts.kubevirt.io", "cdis.cdi.kubevirt.io",
+	} {
+		if !names[want] {
+			t.Errorf("no CRD %s among the %d loaded", want, len(crds))
+		}
+	}
+}
+
+// TestPlatformCRDsMatchThePins: the CRDs the tests load are those of the
+// versions the platform installs.
+func TestPlatformCRDsMatchThePins(t *testing.T) {
+	data, err := os.ReadFile("../../charts/platform/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		Versions map[string]string `json:"versions"`
+	}
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		t.Fatal(err)
+	}
+	pins := map[string]string{
+		"go.universe.tf/metallb":                  values.Versions["metallb"],
+		"sigs.k8s.io/cluster-api-operator":        values.Versions["clusterAPIOperator"],
+		"kubevirt.io/kubevirt":                    values.Versions["kubevirt"],
+		"kubevirt.io/containerized-data-importer": values.Versions["cdi"],
+	}
+	for _, src := range PlatformCRDs() {
+		if pin := pins[src.Module]; strings.TrimPrefix(src.Version, "v") != strings.TrimPrefix(pin, "v") {
+			t.Errorf("%s: the tests load %s, the platform pins %q", src.Module, src.Version, pin)
+		}
 	}
 }
