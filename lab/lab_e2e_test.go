@@ -329,10 +329,23 @@ func platformAccepted(ctx context.Context, t *testing.T, c *lab.Config, kubeconf
 	if err := apply(ns); err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range objs { // namespaced objects need their namespace, even in a dry run
+	// Namespaced objects need their namespace, even in a dry run: those
+	// rendered, then those the components' own manifests bring (KubeVirt's).
+	for _, o := range objs {
 		if o.GetKind() == "Namespace" {
 			if err := apply(o.Unstructured); err != nil {
 				t.Fatalf("%s: namespace %s: %v", o.File, o.GetName(), err)
+			}
+		}
+	}
+	for _, o := range objs {
+		if name := o.GetNamespace(); name != "" {
+			other := ns.DeepCopy()
+			other.SetName(name)
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(other), other.DeepCopy()); err != nil {
+				if err := apply(other); err != nil {
+					t.Fatalf("%s: namespace %s: %v", o.File, name, err)
+				}
 			}
 		}
 	}

@@ -153,7 +153,9 @@ func readCRDs(path string) ([]*apiextensionsv1.CustomResourceDefinition, error) 
 }
 
 // readGoCRDs parses a Go file (without compiling or importing it) and
-// decodes every string literal in it that is a CRD's YAML.
+// decodes every string constant in it that is a CRD's YAML: a literal, or
+// literals joined with + (a raw string cannot hold a backquote, so
+// generators write "`" apart).
 func readGoCRDs(path string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	file, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
 	if err != nil {
@@ -162,26 +164,53 @@ func readGoCRDs(path string) ([]*apiextensionsv1.CustomResourceDefinition, error
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	var derr error
 	ast.Inspect(file, func(n ast.Node) bool {
-		lit, ok := n.(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING || derr != nil {
+		e, ok := n.(ast.Expr)
+		if !ok || derr != nil {
 			return derr == nil
 		}
-		text, err := strconv.Unquote(lit.Value)
-		if err != nil || !strings.Contains(text, "kind: CustomResourceDefinition") {
+		text, ok := stringConstant(e)
+		if !ok {
 			return true
 		}
-		got, err := decodeCRDs(strings.NewReader(text))
-		if err != nil {
-			derr = fmt.Errorf("%s: %w", filepath.Base(path), err)
-			return false
+		if strings.Contains(text, "kind: CustomResourceDefinition") {
+			got, err := decodeCRDs(strings.NewReader(text))
+			if err != nil {
+				derr = fmt.Errorf("%s: %w", filepath.Base(path), err)
+			}
+			crds = append(crds, got...)
 		}
-		crds = append(crds, got...)
-		return true
+		return false // its parts are not CRDs by themselves
 	})
 	if derr == nil && len(crds) == 0 {
 		derr = fmt.Errorf("%s holds no CRD", filepath.Base(path))
 	}
 	return crds, derr
+}
+
+// stringConstant is the value of a string literal, or of string literals
+// joined with +.
+func stringConstant(e ast.Expr) (string, bool) {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		if e.Kind != token.STRING {
+			return "", false
+		}
+		s, err := strconv.Unquote(e.Value)
+		return s, err == nil
+	case *ast.BinaryExpr:
+		if e.Op != token.ADD {
+			return "", false
+		}
+		x, ok := stringConstant(e.X)
+		if !ok {
+			return "", false
+		}
+		y, ok := stringConstant(e.Y)
+		return x + y, ok
+	case *ast.ParenExpr:
+		return stringConstant(e.X)
+	}
+	return "", false
 }
 
 func readKustomizedCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
