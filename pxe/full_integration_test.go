@@ -181,10 +181,8 @@ func TestFullModeAckedLeasesSurviveKill9UnderLoad(t *testing.T) {
 // the ACKed addresses. kill -9 cannot show this: the page cache survives a
 // killed process.
 func TestFullModeAckedLeasesSurvivePowerLoss(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	disk := powercut.New(t, seed)
-	rng := rand.New(rand.NewPCG(seed, 3))
+	disk := powercut.New(t)
+	rng := disk.Rand()
 	r := newRig(t)
 	r.state = filepath.Join(disk.Dir, "state")
 	relay := r.loadRelay(t)

@@ -4,10 +4,8 @@ package state_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,10 +21,7 @@ import (
 // secrets bundle, and a state file that loads, with every node whose
 // Update had returned.
 func TestStateDirSurvivesPowerLoss(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	disk := powercut.New(t, seed)
-	rng := rand.New(rand.NewPCG(seed, 5))
+	disk := powercut.New(t)
 	dir := filepath.Join(disk.Dir, "state")
 	if err := os.MkdirAll(dir, 0o700); err != nil { // as bootstrap.Run makes it
 		t.Fatal(err)
@@ -39,46 +34,15 @@ func TestStateDirSurvivesPowerLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	var started, saved atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		for n := int64(1); ; n++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			default:
-			}
-			started.Store(n)
-			name := fmt.Sprintf("node%04d", n)
-			if err := st.Update(func(s *state.State) {
-				s.Nodes[name] = &state.Node{Hostname: name, Role: "worker", Phase: state.Discovered, Since: time.Now()}
-			}); err != nil {
-				done <- err
-				return
-			}
-			saved.Store(n)
-		}
-	}()
-	type cut struct {
-		img        powercut.Image
-		saved, max int64
-	}
-	var cuts []cut
-	for range 24 {
-		time.Sleep(time.Duration(5+rng.IntN(45)) * time.Millisecond)
-		n := saved.Load() // read first: saved before the cut starts
-		cuts = append(cuts, cut{disk.Cut(t), n, started.Load()})
-	}
-	close(stop)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	cuts := disk.CutWhile(t, 24, func(n int64) error {
+		name := fmt.Sprintf("node%04d", n)
+		return st.Update(func(s *state.State) {
+			s.Nodes[name] = &state.Node{Hostname: name, Role: "worker", Phase: state.Discovered, Since: time.Now()}
+		})
+	})
 
 	for i, c := range cuts {
-		c.img.Mount(t, func(root string) {
+		c.Mount(t, func(root string) {
 			dir := filepath.Join(root, "state")
 			b, created, err := talosconfig.LoadOrCreateSecrets(filepath.Join(dir, talosconfig.SecretsFile), nil)
 			switch {
@@ -92,10 +56,10 @@ func TestStateDirSurvivesPowerLoss(t *testing.T) {
 				t.Errorf("cut %d: %v", i, err)
 				return
 			}
-			if n := int64(len(st.Snapshot().Nodes)); n < c.saved || n > c.max {
-				t.Errorf("cut %d: the state has %d nodes; Update had returned for %d and started %d", i, n, c.saved, c.max)
+			if n := int64(len(st.Snapshot().Nodes)); n < c.Done || n > c.Started {
+				t.Errorf("cut %d: the state has %d nodes; Update had returned for %d and started %d", i, n, c.Done, c.Started)
 			}
 		})
 	}
-	t.Logf("%d cuts, last after %d saves", len(cuts), saved.Load())
+	t.Logf("%d cuts, the last after %d saves", len(cuts), cuts[len(cuts)-1].Done)
 }

@@ -8,12 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"cozy.dev/cozy/internal/atomicfile"
 	"cozy.dev/cozy/internal/powercut"
@@ -26,61 +23,22 @@ import (
 // once with Create is there every time. The emulated node's machine
 // config and the bootstrap's state and secrets are written this way.
 func TestWriteSurvivesPowerLoss(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	d := powercut.New(t, seed)
-	rng := rand.New(rand.NewPCG(seed, 2))
+	d := powercut.New(t)
 	path := filepath.Join(d.Dir, "config")
-	created := filepath.Join(d.Dir, "created")
-	if err := atomicfile.Create(created, version(0), 0o600); err != nil {
+	if err := atomicfile.Create(filepath.Join(d.Dir, "created"), version(0), 0o600); err != nil {
 		t.Fatal(err)
 	}
-
-	var started, written atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		for n := int64(1); ; n++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			default:
-			}
-			started.Store(n)
-			if err := atomicfile.Write(path, version(n), 0o600); err != nil {
-				done <- err
-				return
-			}
-			written.Store(n)
-		}
-	}()
-
-	type cut struct {
-		img          powercut.Image
-		written, max int64
-	}
-	var cuts []cut
-	for range 24 {
-		time.Sleep(time.Duration(5+rng.IntN(45)) * time.Millisecond)
-		w := written.Load() // read first: every version up to w is durable before the cut
-		img := d.Cut(t)
-		cuts = append(cuts, cut{img, w, started.Load()})
-	}
-	close(stop)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	cuts := d.CutWhile(t, 24, func(n int64) error { return atomicfile.Write(path, version(n), 0o600) })
 
 	unflushed := 0
 	for i, c := range cuts {
-		unflushed += c.img.Unflushed
-		c.img.Mount(t, func(dir string) {
+		unflushed += c.Unflushed
+		c.Mount(t, func(dir string) {
 			if got, err := os.ReadFile(filepath.Join(dir, "created")); err != nil || !bytes.Equal(got, version(0)) {
 				t.Errorf("cut %d: the file made with Create is gone or damaged (%d bytes, %v)", i, len(got), err)
 			}
 			data, err := os.ReadFile(filepath.Join(dir, "config"))
-			if errors.Is(err, fs.ErrNotExist) && c.written == 0 {
+			if errors.Is(err, fs.ErrNotExist) && c.Done == 0 {
 				return
 			}
 			if err != nil {
@@ -90,16 +48,16 @@ func TestWriteSurvivesPowerLoss(t *testing.T) {
 			n, err := parseVersion(data)
 			switch {
 			case err != nil:
-				t.Errorf("cut %d (Write had returned for version %d): %v", i, c.written, err)
-			case n < c.written || n > c.max:
-				t.Errorf("cut %d: found version %d; Write had returned for %d and started %d", i, n, c.written, c.max)
+				t.Errorf("cut %d (Write had returned for version %d): %v", i, c.Done, err)
+			case n < c.Done || n > c.Started:
+				t.Errorf("cut %d: found version %d; Write had returned for %d and started %d", i, n, c.Done, c.Started)
 			}
 		})
 	}
 	if unflushed == 0 {
 		t.Fatalf("no cut found an unflushed write: the test never risked losing one")
 	}
-	t.Logf("%d cuts, last after %d versions; %d unflushed blocks at the cuts, half of them kept", len(cuts), written.Load(), unflushed)
+	t.Logf("%d cuts, the last after %d versions; %d unflushed blocks at the cuts, half of them kept", len(cuts), cuts[len(cuts)-1].Done, unflushed)
 }
 
 // version is the content of version n: a header, a body whose length

@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -49,12 +50,66 @@ const Size = 32 << 20
 // Disk is an ext4 file system mounted at Dir whose power can be cut.
 type Disk struct {
 	// Dir is where the file system is mounted.
-	Dir  string
-	dev  *device
-	rng  *rand.Rand
-	base string
-	mu   sync.Mutex
-	n    int
+	Dir     string
+	dev     *device
+	rng     *rand.Rand // which unflushed blocks a cut keeps
+	testRng *rand.Rand // Rand, for the test
+	base    string
+	mu      sync.Mutex
+	n       int
+}
+
+// Rand is a source of randomness for the test (when to cut, say), from
+// the seed New logged.
+func (d *Disk) Rand() *rand.Rand { return d.testRng }
+
+// Cut is one power cut in CutWhile: the disk it left, and how far the
+// writes had got.
+type Cut struct {
+	Image
+	// Done is the last write that had returned before the cut: it must
+	// be on the image. Started is the last one begun by the end of the
+	// cut: none later can be.
+	Done, Started int64
+}
+
+// CutWhile calls write(1), write(2), … over and over until it has cut
+// the power n times at random moments 5 to 50 ms apart; a write that
+// fails fails the test.
+func (d *Disk) CutWhile(t testing.TB, n int, write func(i int64) error) []Cut {
+	t.Helper()
+	var started, done atomic.Int64
+	stop := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		for i := int64(1); ; i++ {
+			select {
+			case <-stop:
+				errs <- nil
+				return
+			default:
+			}
+			started.Store(i)
+			if err := write(i); err != nil {
+				errs <- err
+				return
+			}
+			done.Store(i)
+		}
+	}()
+	var cuts []Cut
+	for range n {
+		time.Sleep(time.Duration(5+d.testRng.IntN(45)) * time.Millisecond)
+		c := Cut{Done: done.Load()} // read first: durable before the cut starts
+		c.Image = d.Cut(t)
+		c.Started = started.Load()
+		cuts = append(cuts, c)
+	}
+	close(stop)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	return cuts
 }
 
 // Image is the disk as found after one power cut.
@@ -73,10 +128,12 @@ const prefix = "cozy-powercut-"
 var sweep sync.Once
 
 // New makes a disk, puts a fresh ext4 on it and mounts it; all of it is
-// taken down when the test ends. seed makes the choice of surviving
-// unflushed blocks repeatable (log it).
-func New(t testing.TB, seed uint64) *Disk {
+// taken down when the test ends. Which unflushed blocks survive a cut,
+// and Rand, follow a seed the test logs.
+func New(t testing.TB) *Disk {
 	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("power-cut disk, seed %d", seed)
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "a power-cut disk needs root (FUSE, loop devices, mount)")
 	}
@@ -94,7 +151,8 @@ func New(t testing.TB, seed uint64) *Disk {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Disk{Dir: filepath.Join(base, "mnt"), dev: newDevice(Size), rng: rand.New(rand.NewPCG(seed, seed)), base: base}
+	d := &Disk{Dir: filepath.Join(base, "mnt"), dev: newDevice(Size), rng: rand.New(rand.NewPCG(seed, seed)), base: base,
+		testRng: rand.New(rand.NewPCG(seed, 1))}
 	devDir := filepath.Join(base, "dev")
 	for _, dir := range []string{devDir, d.Dir, filepath.Join(base, "cuts")} {
 		if err := os.Mkdir(dir, 0o700); err != nil {

@@ -16,7 +16,7 @@ import (
 // TestCutLosesWhatWasNotFlushed: the disk keeps what was fsynced and loses
 // what was only written, so the tests built on it can fail.
 func TestCutLosesWhatWasNotFlushed(t *testing.T) {
-	d := powercut.New(t, 1)
+	d := powercut.New(t)
 	synced := bytes.Repeat([]byte("synced "), 3000)
 	written := bytes.Repeat([]byte("written "), 3000)
 

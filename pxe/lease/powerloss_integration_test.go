@@ -5,7 +5,6 @@ package lease
 import (
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,10 +23,8 @@ import (
 // Sync had returned is there, no address is leased twice, and no
 // temporary file outlives the reopen.
 func TestGrantsAndCompactionSurvivePowerLoss(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	disk := powercut.New(t, seed)
-	rng := rand.New(rand.NewPCG(seed, 4))
+	disk := powercut.New(t)
+	rng := disk.Rand()
 	dir := filepath.Join(disk.Dir, "state")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
