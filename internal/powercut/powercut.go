@@ -44,8 +44,9 @@ import (
 // ext4's block size here, so a block is never half written.
 const blockSize = 4096
 
-// Size is the disk's size: room for a small ext4 and its journal.
-const Size = 32 << 20
+// Size is the disk's size: a small ext4 with room for a lease journal of
+// 150 000 leases and its compacted copy beside it.
+const Size = 64 << 20
 
 // Disk is an ext4 file system mounted at Dir whose power can be cut.
 type Disk struct {

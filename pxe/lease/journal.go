@@ -156,7 +156,7 @@ func (j *journalFile) append(data []byte) error {
 }
 
 func (j *journalFile) sync() error {
-	if err := fdatasync(j.f); err != nil {
+	if err := syncData(j.f); err != nil {
 		return fmt.Errorf("sync lease journal: %w", err)
 	}
 	return nil
@@ -445,6 +445,10 @@ func (s *Store) Close() error {
 	}
 	return s.journal.f.Close()
 }
+
+// syncData makes a file's data durable; a variable so that a test can take
+// it away and see the power-loss test fail.
+var syncData = fdatasync
 
 func fdatasync(f *os.File) error {
 	rc, err := f.SyscallConn()
