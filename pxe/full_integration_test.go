@@ -133,8 +133,13 @@ func TestFullModeLeasesSurviveKill9(t *testing.T) {
 		t.Fatalf("fourth client got %s from a full pool", l.ACK.YourIPAddr)
 	}
 	r.httpFrom = r.srv
-	if m := r.metrics(t); !strings.Contains(m, "cozy_pxe_dhcp_leases 3\n") {
+	m := r.metrics(t)
+	if !strings.Contains(m, "cozy_pxe_dhcp_leases 3\n") {
 		t.Errorf("/metrics: want 3 leases:\n%s", m)
+	}
+	// The newcomer's ACK waited for one journal sync since the restart.
+	if !strings.Contains(m, "cozy_pxe_lease_journal_sync_seconds_count 1\n") {
+		t.Errorf("/metrics: want the newcomer's journal sync counted:\n%s", m)
 	}
 	// An owner coming back (INIT-REBOOT) keeps its address...
 	ip1 := net.ParseIP(granted[mac(1).String()])

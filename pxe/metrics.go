@@ -25,6 +25,7 @@ type metrics struct {
 	tftpBytes    prometheus.Counter
 	httpRequests *prometheus.CounterVec
 	httpBytes    *prometheus.CounterVec
+	journalSync  prometheus.Histogram
 
 	// dhcpCounters caches the counters of dhcp by label values: looking
 	// them up by strings for every packet costs more than the count.
@@ -75,8 +76,16 @@ func newMetrics(inv *inventory.Inventory, leases *lease.Store) *metrics {
 			Name: "cozy_pxe_http_bytes_total",
 			Help: "HTTP response bytes, by what was asked for.",
 		}, []string{"kind"}),
+		// A slow disk shows here first: every ACK of a batch waits for
+		// its write and fdatasync, and a client gives up after a second
+		// or so.
+		journalSync: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "cozy_pxe_lease_journal_sync_seconds",
+			Help:    "Time the ACKs of one batch waited for their leases to be written and synced to the journal (full mode).",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}),
 	}
-	m.registry.MustRegister(m.dhcp, m.tftpTransfer, m.tftpBytes, m.httpRequests, m.httpBytes)
+	m.registry.MustRegister(m.dhcp, m.tftpTransfer, m.tftpBytes, m.httpRequests, m.httpBytes, m.journalSync)
 	phases := prometheus.NewDesc("cozy_pxe_machines", "Machines seen, by boot phase.", []string{"phase"}, nil)
 	m.registry.MustRegister(collectorFunc{desc: phases, collect: func(ch chan<- prometheus.Metric) {
 		count := map[inventory.Phase]int{}

@@ -735,7 +735,12 @@ func (s *server) run(ctx context.Context) error {
 	dhcpLog := log.With("service", "dhcp")
 	commit := func(lease.Seq) error { return nil }
 	if s.leases != nil {
-		commit = s.leases.Sync
+		commit = func(seq lease.Seq) error {
+			start := time.Now()
+			err := s.leases.Sync(seq)
+			s.met.journalSync.Observe(time.Since(start).Seconds())
+			return err
+		}
 	}
 	for _, l := range []struct {
 		name string
