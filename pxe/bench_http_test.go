@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,6 +95,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 		name   string
 		url    string
 		client *http.Client
+		pid    int
 	}
 	var targets []target
 	for _, s := range servers {
@@ -101,7 +104,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 		netnstest.Veth(t, srv, "boot0", "10.79.0.1/24", cli, "eth0", "10.79.0.2/24")
 		cmd := s.start(t, srv)
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		tg := target{name: s.name, url: "http://10.79.0.1:8080" + s.path,
+		tg := target{name: s.name, url: "http://10.79.0.1:8080" + s.path, pid: cmd.Process.Pid,
 			client: &http.Client{Transport: &http.Transport{DialContext: cli.DialContext, MaxIdleConnsPerHost: clients}}}
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			if resp, err := tg.client.Head(tg.url); err == nil {
@@ -120,6 +123,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 	for round := range rounds {
 		for i := range targets {
 			tg := targets[(i+round)%len(targets)]
+			cpu0 := treeCPU(tg.pid)
 			start := time.Now()
 			var wg sync.WaitGroup
 			errs := make(chan error, clients)
@@ -140,6 +144,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 			}
 			wg.Wait()
 			elapsed := time.Since(start)
+			cpu := treeCPU(tg.pid) - cpu0
 			close(errs)
 			for err := range errs {
 				if err != nil {
@@ -148,7 +153,8 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 			}
 			rate := float64(clients*size) / elapsed.Seconds() / (1 << 20)
 			runs[tg.name] = append(runs[tg.name], rate)
-			t.Logf("round %d: %-6s %d x %d MB in %v: %.0f MiB/s", round+1, tg.name, clients, size>>20, elapsed.Round(time.Millisecond), rate)
+			t.Logf("round %d: %-6s %d x %d MB in %v: %.0f MiB/s, server CPU %.2f s (%.0f %% of the wall time)",
+				round+1, tg.name, clients, size>>20, elapsed.Round(time.Millisecond), rate, cpu.Seconds(), 100*cpu.Seconds()/elapsed.Seconds())
 		}
 	}
 	rates := map[string]float64{}
@@ -173,4 +179,19 @@ func logDir(t *testing.T, dir, name string) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// treeCPU is the CPU time of a process and its children (nginx's workers).
+func treeCPU(pid int) time.Duration {
+	total := processCPU(pid)
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			if child, err := strconv.Atoi(c); err == nil {
+				total += processCPU(child)
+			}
+		}
+	}
+	return total
 }
