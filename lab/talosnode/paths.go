@@ -45,10 +45,11 @@ const (
 )
 
 // systemDirs are Talos's directories that the node's services and pods
-// write to. On the container platform (several nodes on one host, each in
-// a mount namespace of its own) the node binds a directory of its disk
-// over each, so nodes do not see each other's files; in a lab VM the
-// machine's /init provides them (/var on the disk, the rest in RAM).
+// write to. On both platforms the node binds a directory of its state
+// dir over each (prepareMachine): on the container platform (several
+// nodes on one host, each in a mount namespace of its own) so that nodes
+// do not see each other's files, in a lab VM so that they live on the
+// machine's disk.
 var systemDirs = []string{
 	kubernetesDir, kubeletRootDir, criDir, containerdRoot, containerdState,
 	"/etc/cni", cniStateDir, podLogsDir, containerLogsDir, flannelRunDir, netnsDir,
