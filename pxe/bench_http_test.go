@@ -96,6 +96,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 		url    string
 		client *http.Client
 		pid    int
+		srv    *netnstest.NS
 	}
 	var targets []target
 	for _, s := range servers {
@@ -104,7 +105,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 		netnstest.Veth(t, srv, "boot0", "10.79.0.1/24", cli, "eth0", "10.79.0.2/24")
 		cmd := s.start(t, srv)
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		tg := target{name: s.name, url: "http://10.79.0.1:8080" + s.path, pid: cmd.Process.Pid,
+		tg := target{name: s.name, url: "http://10.79.0.1:8080" + s.path, pid: cmd.Process.Pid, srv: srv,
 			client: &http.Client{Transport: &http.Transport{DialContext: cli.DialContext, MaxIdleConnsPerHost: clients}}}
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			if resp, err := tg.client.Head(tg.url); err == nil {
@@ -124,6 +125,7 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 		for i := range targets {
 			tg := targets[(i+round)%len(targets)]
 			cpu0 := treeCPU(tg.pid)
+			_, sent0 := ifacePackets(t, tg.srv, "boot0")
 			start := time.Now()
 			var wg sync.WaitGroup
 			errs := make(chan error, clients)
@@ -145,6 +147,8 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 			wg.Wait()
 			elapsed := time.Since(start)
 			cpu := treeCPU(tg.pid) - cpu0
+			_, sent := ifacePackets(t, tg.srv, "boot0")
+			sent -= sent0
 			close(errs)
 			for err := range errs {
 				if err != nil {
@@ -153,8 +157,11 @@ http { access_log off; sendfile on; tcp_nopush on; client_body_temp_path %s; pro
 			}
 			rate := float64(clients*size) / elapsed.Seconds() / (1 << 20)
 			runs[tg.name] = append(runs[tg.name], rate)
-			t.Logf("round %d: %-6s %d x %d MB in %v: %.0f MiB/s, server CPU %.2f s (%.0f %% of the wall time)",
-				round+1, tg.name, clients, size>>20, elapsed.Round(time.Millisecond), rate, cpu.Seconds(), 100*cpu.Seconds()/elapsed.Seconds())
+			// Packets on a veth are the stack's segments before they are
+			// cut to the MTU: their size says how much each send batched.
+			t.Logf("round %d: %-6s %d x %d MB in %v: %.0f MiB/s, server CPU %.2f s (%.0f %% of the wall time), %d packets sent (%.0f kB each)",
+				round+1, tg.name, clients, size>>20, elapsed.Round(time.Millisecond), rate, cpu.Seconds(), 100*cpu.Seconds()/elapsed.Seconds(),
+				sent, float64(clients*size)/float64(max(sent, 1))/1000)
 		}
 	}
 	rates := map[string]float64{}
