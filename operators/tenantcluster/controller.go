@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -238,63 +239,51 @@ func (r *Reconciler) list(ctx context.Context, tc *v1.TenantCluster) (map[object
 	return out, nil
 }
 
+// listKind lists one kind of child from the cache: into its Go type where
+// the operator reads the object (newList), else as unstructured objects or
+// metadata only, as the kind's Read says.
 func listKind(ctx context.Context, c client.Client, k childKind, opts ...client.ListOption) ([]client.Object, error) {
-	var out []client.Object
-	listGVK := k.GVK.GroupVersion().WithKind(k.GVK.Kind + "List")
-	switch {
-	case k.GVK == gvkCluster:
-		var l clusterv1.ClusterList
-		if err := c.List(ctx, &l, opts...); err != nil {
-			return nil, err
+	list := newList(k)
+	if err := c.List(ctx, list, opts...); err != nil {
+		return nil, err
+	}
+	items, err := apimeta.ExtractList(list) // pointers into list's items
+	if err != nil {
+		return nil, err
+	}
+	out := make([]client.Object, 0, len(items))
+	for _, item := range items {
+		obj := item.(client.Object)
+		if pm, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			pm.SetGroupVersionKind(k.GVK) // a metadata list's items come without it
 		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case k.GVK == gvkMachineDeployment:
-		var l clusterv1.MachineDeploymentList
-		if err := c.List(ctx, &l, opts...); err != nil {
-			return nil, err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case k.GVK == gvkHelmRelease:
-		var l helmv2.HelmReleaseList
-		if err := c.List(ctx, &l, opts...); err != nil {
-			return nil, err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case k.GVK == gvkDeployment:
-		var l appsv1.DeploymentList
-		if err := c.List(ctx, &l, opts...); err != nil {
-			return nil, err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case k.Read == readUnstructured:
-		l := &unstructured.UnstructuredList{}
-		l.SetGroupVersionKind(listGVK)
-		if err := c.List(ctx, l, opts...); err != nil {
-			return nil, err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		l := &metav1.PartialObjectMetadataList{}
-		l.SetGroupVersionKind(listGVK)
-		if err := c.List(ctx, l, opts...); err != nil {
-			return nil, err
-		}
-		for i := range l.Items {
-			l.Items[i].SetGroupVersionKind(k.GVK)
-			out = append(out, &l.Items[i])
-		}
+		out = append(out, obj)
 	}
 	return out, nil
+}
+
+// typedLists are the children the operator reads into their Go types.
+var typedLists = map[schema.GroupVersionKind]func() client.ObjectList{
+	gvkCluster:           func() client.ObjectList { return &clusterv1.ClusterList{} },
+	gvkMachineDeployment: func() client.ObjectList { return &clusterv1.MachineDeploymentList{} },
+	gvkHelmRelease:       func() client.ObjectList { return &helmv2.HelmReleaseList{} },
+	gvkDeployment:        func() client.ObjectList { return &appsv1.DeploymentList{} },
+}
+
+// newList is an empty list for one kind of child.
+func newList(k childKind) client.ObjectList {
+	if typed, ok := typedLists[k.GVK]; ok {
+		return typed()
+	}
+	listGVK := k.GVK.GroupVersion().WithKind(k.GVK.Kind + "List")
+	if k.Read == readUnstructured {
+		l := &unstructured.UnstructuredList{}
+		l.SetGroupVersionKind(listGVK)
+		return l
+	}
+	l := &metav1.PartialObjectMetadataList{}
+	l.SetGroupVersionKind(listGVK)
+	return l
 }
 
 func ownedBy(obj client.Object, tc *v1.TenantCluster) bool {
