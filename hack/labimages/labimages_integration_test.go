@@ -3,14 +3,12 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 
 	"cozy.dev/cozy/internal/ociimage"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 )
 
 // labImage is what a node expects of one image of the layout, and
@@ -339,7 +338,7 @@ func corednsBindsPort53(t *testing.T, dir string) {
 		s.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: only, Effective: only, Permitted: only}
 	})
 	id := containerID()
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd := exec.Command("runc", "run", "--bundle", bundle, id)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -371,22 +370,4 @@ func corednsBindsPort53(t *testing.T, dir string) {
 			return
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer a command writes while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/syncbuf"
 	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/lab/nodeimage"
 )
@@ -113,7 +113,7 @@ func TestNodeVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	self, _ := os.Executable()
-	serverLog := &syncBuffer{}
+	serverLog := &syncbuf.Buffer{}
 	srv := ns.Command(ctx, self, "pxe", "serve", "--rack", rackFile, "--state-dir", filepath.Join(dir, "pxe"),
 		"--kernel", img.Kernel, "--initrd", img.Initrd, "--cmdline", img.Cmdline+" "+nodeimage.APIOnlyArg)
 	srv.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
@@ -133,7 +133,7 @@ func TestNodeVM(t *testing.T) {
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", disk, fmt.Sprint(diskSize)).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img create: %v: %s", err, out)
 	}
-	qemuErr := &syncBuffer{}
+	qemuErr := &syncbuf.Buffer{}
 	qemu := ns.Command(ctx, "qemu-system-x86_64",
 		"-accel", "tcg", // KVM breaks real-mode firmware on these machines (DESIGN.md)
 		"-machine", "pc", "-m", "3072", "-smp", "1", "-uuid", vmUUID,
@@ -420,23 +420,4 @@ func tail(s string, n int) string {
 		s = s[len(s)-n:]
 	}
 	return s
-}
-
-// syncBuffer is a bytes.Buffer safe for a process writing while the test
-// reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
