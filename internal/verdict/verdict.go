@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -33,10 +34,26 @@ func Report(name, measured, goal string, met bool) {
 
 // AtLeast states a goal of got ≥ goal, both printed with format.
 func AtLeast(name string, got, goal float64, format string) {
-	Report(name, fmt.Sprintf(format, got), "≥ "+fmt.Sprintf(format, goal), got >= goal)
+	Report(name, show(format, got, goal), "≥ "+fmt.Sprintf(format, goal), got >= goal)
 }
 
 // AtMost states a goal of got ≤ goal, both printed with format.
 func AtMost(name string, got, goal float64, format string) {
-	Report(name, fmt.Sprintf(format, got), "≤ "+fmt.Sprintf(format, goal), got <= goal)
+	Report(name, show(format, got, goal), "≤ "+fmt.Sprintf(format, goal), got <= goal)
+}
+
+// show prints got with format, or with as many more decimals as it takes
+// to tell it from goal when format would print both alike: a miss by
+// 0.004 must not read "MISS: 0.90 vs ≥ 0.90".
+func show(format string, got, goal float64) string {
+	s := fmt.Sprintf(format, got)
+	if got == goal || s != fmt.Sprintf(format, goal) {
+		return s
+	}
+	for prec := 0; prec < 10; prec++ {
+		if s := strconv.FormatFloat(got, 'f', prec, 64); s != strconv.FormatFloat(goal, 'f', prec, 64) {
+			return s
+		}
+	}
+	return strconv.FormatFloat(got, 'g', -1, 64)
 }
