@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 // Busybox is the image of the probe pods: Debian's busybox-static under
@@ -21,22 +23,6 @@ const Busybox = "docker.io/library/busybox:1.35.0"
 // Kubectl runs kubectl with args against the cluster under test and
 // returns its standard output.
 type Kubectl func(args ...string) (string, error)
-
-// Eventually retries f every second until it succeeds or timeout passes.
-func Eventually(t testing.TB, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
-		}
-		time.Sleep(time.Second)
-	}
-}
 
 // probeDaemonSet runs one busybox pod on every node, control planes
 // included, each serving its node's name over HTTP on port 8080.
@@ -81,7 +67,7 @@ func RunProbes(t testing.TB, kubectl Kubectl, nodes []string, timeout time.Durat
 		t.Fatalf("%v: %s", err, out)
 	}
 	var pods []Pod
-	Eventually(t, timeout, "a running probe pod on every node", func() error {
+	poll.Within(t, timeout, time.Second, "a running probe pod on every node", func() error {
 		out, err := kubectl("get", "pods", "-l", "app=probe", "-o",
 			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase}{"\n"}{end}`)
 		if err != nil {
@@ -120,7 +106,7 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 	for i, p := range pods {
 		peer := pods[(i+1)%len(pods)]
 		t.Run("from "+p.Node, func(t *testing.T) {
-			Eventually(t, 2*time.Minute, "logs", func() error {
+			poll.Within(t, 2*time.Minute, time.Second, "logs", func() error {
 				out, err := kubectl("logs", p.Name)
 				if err != nil {
 					return err
@@ -130,7 +116,7 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 				}
 				return nil
 			})
-			Eventually(t, 2*time.Minute, "DNS", func() error {
+			poll.Within(t, 2*time.Minute, time.Second, "DNS", func() error {
 				out, err := kubectl("exec", p.Name, "--", "nslookup", svc)
 				if err != nil {
 					return err
@@ -140,7 +126,7 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 				}
 				return nil
 			})
-			Eventually(t, time.Minute, "the API through its Service", func() error {
+			poll.Within(t, time.Minute, time.Second, "the API through its Service", func() error {
 				// Plain HTTP to the HTTPS port gets Go's own answer, which
 				// only the API server gives there (busybox has no TLS
 				// client that talks to it).
@@ -153,7 +139,7 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 				}
 				return nil
 			})
-			Eventually(t, time.Minute, "a pod on "+peer.Node, func() error {
+			poll.Within(t, time.Minute, time.Second, "a pod on "+peer.Node, func() error {
 				// nc, not wget: Debian's static busybox wget crashes in
 				// glibc's resolver without its NSS modules.
 				out, err := kubectl("exec", p.Name, "--", "sh", "-c", `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 `+peer.IP+` 8080`)

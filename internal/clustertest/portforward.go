@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 // KubectlCommand makes (does not start) a kubectl command with args
@@ -33,7 +34,7 @@ func CheckPortForward(t *testing.T, kubectl KubectlCommand, dial Dial, pods []Po
 	t.Helper()
 	for _, p := range pods {
 		t.Run("port-forward to "+p.Node, func(t *testing.T) {
-			Eventually(t, 2*time.Minute, "port-forward", func() error { return portForward(kubectl, dial, p) })
+			poll.Within(t, 2*time.Minute, time.Second, "port-forward", func() error { return portForward(kubectl, dial, p) })
 		})
 	}
 }

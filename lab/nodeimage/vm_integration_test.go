@@ -30,6 +30,7 @@ import (
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/syncbuf"
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/lab/nodeimage"
 )
 
@@ -169,7 +170,7 @@ func TestNodeVM(t *testing.T) {
 
 	// Maintenance mode, with the VM's hardware.
 	var facts talosapi.Facts
-	poll(ctx, t, "the node in maintenance mode", func(ctx context.Context) error {
+	poll.Until(t, ctx, time.Second, "the node in maintenance mode", eachTry(ctx, func(ctx context.Context) error {
 		c, err := maintenanceClient(ctx, endpoint, dial)
 		if err != nil {
 			return err
@@ -180,7 +181,7 @@ func TestNodeVM(t *testing.T) {
 			return fmt.Errorf("stage %s", facts.Stage)
 		}
 		return err
-	})
+	}))
 	t.Logf("maintenance API answered %s after the VM started", time.Since(vmStart).Round(time.Second))
 	if facts.UUID != vmUUID {
 		t.Errorf("SMBIOS UUID %q, want the VM's %s", facts.UUID, vmUUID)
@@ -223,7 +224,7 @@ func TestNodeVM(t *testing.T) {
 		}
 	}()
 	var version string
-	poll(ctx, t, "the node in configured mode", func(ctx context.Context) error {
+	poll.Until(t, ctx, time.Second, "the node in configured mode", eachTry(ctx, func(ctx context.Context) error {
 		c, err := secureClient(ctx, tc, endpoint, dial)
 		if err != nil {
 			return err
@@ -235,7 +236,7 @@ func TestNodeVM(t *testing.T) {
 		}
 		version = f.Version
 		return err
-	})
+	}))
 	t.Logf("configured mode (Talos %s) %s after the config was applied, %s after the VM started",
 		version, time.Since(applied).Round(time.Second), time.Since(vmStart).Round(time.Second))
 	if version == "" {
@@ -268,7 +269,7 @@ func TestNodeVM(t *testing.T) {
 			t.Fatalf("Kubeconfig: %v", err)
 		}
 	}()
-	poll(ctx, t, "an etcd member", func(ctx context.Context) error {
+	poll.Until(t, ctx, time.Second, "an etcd member", eachTry(ctx, func(ctx context.Context) error {
 		c, err := secureClient(ctx, tc, endpoint, dial)
 		if err != nil {
 			return err
@@ -279,9 +280,9 @@ func TestNodeVM(t *testing.T) {
 			return fmt.Errorf("members %v", members)
 		}
 		return err
-	})
+	}))
 	t.Logf("etcd member %s after Bootstrap", time.Since(bootstrapped).Round(time.Second))
-	poll(ctx, t, "kube-apiserver /version", func(ctx context.Context) error {
+	poll.Until(t, ctx, time.Second, "kube-apiserver /version", eachTry(ctx, func(ctx context.Context) error {
 		rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 		if err != nil {
 			return err
@@ -297,7 +298,7 @@ func TestNodeVM(t *testing.T) {
 			t.Logf("kube-apiserver %s", v.GitVersion)
 		}
 		return err
-	})
+	}))
 	t.Logf("kube-apiserver answered %s after Bootstrap", time.Since(bootstrapped).Round(time.Second))
 
 	// Shutdown powers the VM off: QEMU exits by itself.
@@ -352,23 +353,13 @@ func secureClient(ctx context.Context, tc *clientconfig.Config, endpoint string,
 	return client.New(ctx, client.WithConfig(tc), client.WithEndpoints(endpoint), client.WithGRPCDialOptions(dial))
 }
 
-// poll retries f, each try with its own short deadline, until it succeeds
-// or ctx ends.
-func poll(ctx context.Context, t *testing.T, what string, f func(context.Context) error) {
-	t.Helper()
-	var err error
-	for {
+// eachTry gives every try of f its own 10 s deadline within ctx, so that
+// one hung attempt does not use up the wait.
+func eachTry(ctx context.Context, f func(context.Context) error) func() error {
+	return func() error {
 		tryCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = f(tryCtx)
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v (last error: %v)", what, ctx.Err(), err)
-		case <-time.After(time.Second):
-		}
+		defer cancel()
+		return f(tryCtx)
 	}
 }
 

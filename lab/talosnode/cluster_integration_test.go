@@ -27,6 +27,7 @@ import (
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -172,17 +173,17 @@ machines:
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, n.name+" in maintenance mode", func() error {
+		poll.Within(t, time.Minute, 100*time.Millisecond, n.name+" in maintenance mode", func() error {
 			_, err := insecureClient(t, n.api).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: cfg, Mode: machine.ApplyConfigurationRequest_REBOOT})
 			return err
 		})
 	}
 	cp := nodes[0]
-	eventually(t, 2*time.Minute, "bootstrap cp1", func() error {
+	poll.Within(t, 2*time.Minute, 100*time.Millisecond, "bootstrap cp1", func() error {
 		return configClient(t, tc, cp.api).Bootstrap(ctx, &machine.BootstrapRequest{})
 	})
 	var kubeconfig []byte
-	eventually(t, time.Minute, "kubeconfig", func() (err error) {
+	poll.Within(t, time.Minute, 100*time.Millisecond, "kubeconfig", func() (err error) {
 		kubeconfig, err = configClient(t, tc, cp.api).Kubeconfig(ctx)
 		return err
 	})
@@ -231,7 +232,7 @@ func TestClusterRunsPods(t *testing.T) {
 
 	// Every node joins with the bootstrap token and becomes Ready: the
 	// CNI runs on it.
-	eventually(t, 8*time.Minute, "both Nodes Ready", func() error {
+	poll.Within(t, 8*time.Minute, 100*time.Millisecond, "both Nodes Ready", func() error {
 		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{" "}{end}`)
 		if err != nil {
 			return err
@@ -241,7 +242,7 @@ func TestClusterRunsPods(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 5*time.Minute, "CoreDNS Available", func() error {
+	poll.Within(t, 5*time.Minute, 100*time.Millisecond, "CoreDNS Available", func() error {
 		out, err := kubectl("-n", "kube-system", "get", "deployment", "coredns", "-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}`)
 		if err != nil {
 			return err
@@ -255,7 +256,7 @@ func TestClusterRunsPods(t *testing.T) {
 	// The node's labels and taints come from the config, through the API:
 	// the node applies them once its Node exists, as Talos's controller
 	// does, so they may land after CoreDNS is available.
-	eventually(t, 2*time.Minute, "cp1's labels and taints", func() error {
+	poll.Within(t, 2*time.Minute, 100*time.Millisecond, "cp1's labels and taints", func() error {
 		out, err := kubectl("get", "node", "cp1", "-o", "json")
 		if err != nil {
 			return err
@@ -291,7 +292,7 @@ func TestClusterRunsPods(t *testing.T) {
 		`{"spec":{"nodeName":"w1"}}`, "--restart", "Never"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	eventually(t, 2*time.Minute, "the pod of a missing image waits on its pull", func() error {
+	poll.Within(t, 2*time.Minute, 100*time.Millisecond, "the pod of a missing image waits on its pull", func() error {
 		out, err := kubectl("get", "pod", "missing", "-o", `jsonpath={.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].image}`)
 		if err != nil {
 			return err
@@ -328,7 +329,7 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 		}
 		return h, nil
 	}
-	eventually(t, 8*time.Minute, "three control planes registered", func() error {
+	poll.Within(t, 8*time.Minute, 100*time.Millisecond, "three control planes registered", func() error {
 		out, err := c.kubectl("get", "nodes", "-o", "name")
 		if err != nil {
 			return err
@@ -343,7 +344,7 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 	// registered Nodes alone do not say so (a control plane's kubelet
 	// registers before its etcd has joined).
 	first := configClient(t, c.talos, c.nodes[0].api)
-	eventually(t, 5*time.Minute, "three voting etcd members", func() error {
+	poll.Within(t, 5*time.Minute, 100*time.Millisecond, "three voting etcd members", func() error {
 		resp, err := first.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
 		if err != nil {
 			return err
@@ -360,7 +361,7 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 		return nil
 	})
 	var before map[string]string
-	eventually(t, 3*time.Minute, "the leases held", func() (err error) {
+	poll.Within(t, 3*time.Minute, 100*time.Millisecond, "the leases held", func() (err error) {
 		before, err = holders(c.nodes[0])
 		return err
 	})
@@ -384,7 +385,7 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 	if err := configClient(t, c.talos, leader.api).Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown %s: %v", leader.name, err)
 	}
-	eventually(t, 3*time.Minute, "the leases moved off "+leader.name, func() error {
+	poll.Within(t, 3*time.Minute, 100*time.Millisecond, "the leases moved off "+leader.name, func() error {
 		after, err := holders(survivor)
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 
 	"cozy.dev/cozy/internal/netnstest"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -233,7 +234,7 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		if err := c.Reboot(ctx); err != nil {
 			t.Fatalf("Reboot: %v", err)
 		}
-		eventually(t, 30*time.Second, "node down for the reboot", func() error {
+		poll.Within(t, 30*time.Second, 100*time.Millisecond, "node down for the reboot", func() error {
 			if _, err := configClient(t, tc, n.endpoint()).Version(ctx); err == nil {
 				return errNotYet
 			}
@@ -354,7 +355,7 @@ func TestWorker(t *testing.T) {
 
 func waitMaintenance(t *testing.T, n node) {
 	t.Helper()
-	eventually(t, 30*time.Second, "maintenance mode", func() error {
+	poll.Within(t, 30*time.Second, 100*time.Millisecond, "maintenance mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c := insecureClient(t, n.endpoint())
@@ -368,7 +369,7 @@ func waitMaintenance(t *testing.T, n node) {
 
 func waitConfigured(t *testing.T, n node, tc *clientconfig.Config) {
 	t.Helper()
-	eventually(t, 30*time.Second, "configured mode", func() error {
+	poll.Within(t, 30*time.Second, 100*time.Millisecond, "configured mode", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c := configClient(t, tc, n.endpoint())

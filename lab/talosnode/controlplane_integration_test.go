@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -64,7 +65,7 @@ func TestBootstrap(t *testing.T) {
 	}
 	assertBootstrapRefused(ctx, t, c)
 
-	eventually(t, 2*time.Minute, "etcd lists its member", func() error {
+	poll.Within(t, 2*time.Minute, 100*time.Millisecond, "etcd lists its member", func() error {
 		resp, err := configClient(t, tc, n.endpoint()).EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
 		if err != nil {
 			return err
@@ -89,7 +90,7 @@ func TestBootstrap(t *testing.T) {
 
 	t.Run("a killed node's etcd and kube-apiserver die with it", func(t *testing.T) {
 		n.kill(t)
-		eventually(t, 30*time.Second, "etcd and kube-apiserver gone", func() error {
+		poll.Within(t, 30*time.Second, 100*time.Millisecond, "etcd and kube-apiserver gone", func() error {
 			if pids := controlPlanePIDs(t, stateDir); len(pids) > 0 {
 				return fmt.Errorf("still running: %v", pids)
 			}
@@ -164,7 +165,7 @@ func assertTalosKubeconfig(t *testing.T, data []byte, addr netip.Addr) {
 // kubeconfig.
 func waitAPIServer(t *testing.T, kubeconfig []byte) {
 	t.Helper()
-	eventually(t, 2*time.Minute, "kube-apiserver answers /version", func() error {
+	poll.Within(t, 2*time.Minute, 100*time.Millisecond, "kube-apiserver answers /version", func() error {
 		rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 		if err != nil {
 			return err

@@ -192,23 +192,9 @@ func configClient(t testing.TB, tc *clientconfig.Config, endpoint string) *clien
 	return c
 }
 
-// eventually retries f until it succeeds or the deadline passes. Each
+// Tests wait with poll.Within(t, timeout, 100*time.Millisecond, …). Each
 // attempt should make its own connection: gRPC's reconnect backoff would
 // otherwise hide a node that came back.
-func eventually(t testing.TB, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // cluster is a rack of emulated machines and its generated configs.
 type cluster struct {

@@ -16,6 +16,8 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/version"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 // TestMaintenance reads a fresh node the way discovery does: with the
@@ -30,7 +32,7 @@ func TestMaintenance(t *testing.T) {
 	defer cancel()
 
 	c := insecureClient(t, n.endpoint())
-	eventually(t, 30*time.Second, "maintenance API up", func() error {
+	poll.Within(t, 30*time.Second, 100*time.Millisecond, "maintenance API up", func() error {
 		_, err := safe.StateGetByID[*runtime.MachineStatus](ctx, insecureClient(t, n.endpoint()).COSI, runtime.MachineStatusID)
 		return err
 	})

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -32,6 +31,7 @@ import (
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 // TestClusterAPIControllersAcceptChildren runs the real Cluster API core
@@ -220,16 +220,19 @@ func checkGroupMachines(t *testing.T, ctx context.Context, c client.Client, g Gr
 	t.Helper()
 	md := &clusterv1.MachineDeployment{}
 	var machines []clusterv1.Machine
-	pollUntil(t, ctx, fmt.Sprintf("%d Machines of %s", replicas, g.MachineDeployment.GetName()), func() (bool, string) {
+	poll.Until(t, ctx, 250*time.Millisecond, fmt.Sprintf("%d Machines of %s", replicas, g.MachineDeployment.GetName()), func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(g.MachineDeployment), md); err != nil {
-			return false, err.Error()
+			return err
 		}
 		sets, ms, err := machinesOf(ctx, c, md)
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
 		machines = ms
-		return len(sets) == 1 && len(machines) == replicas, fmt.Sprintf("%d MachineSets, %d Machines", len(sets), len(machines))
+		if len(sets) != 1 || len(machines) != replicas {
+			return fmt.Errorf("%d MachineSets, %d Machines", len(sets), len(machines))
+		}
+		return nil
 	})
 
 	for _, m := range machines {
@@ -248,9 +251,8 @@ func checkGroupMachines(t *testing.T, ctx context.Context, c client.Client, g Gr
 			obj.SetAPIVersion(clone.ref.APIGroup + "/" + clone.version)
 			obj.SetKind(clone.ref.Kind)
 			// Polled, because the Machine can be seen before its clones.
-			pollUntil(t, ctx, fmt.Sprintf("Machine %s's %s %s", m.Name, clone.ref.Kind, clone.ref.Name), func() (bool, string) {
-				err := c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: clone.ref.Name}, obj)
-				return err == nil, fmt.Sprint(err)
+			poll.Until(t, ctx, 250*time.Millisecond, fmt.Sprintf("Machine %s's %s %s", m.Name, clone.ref.Kind, clone.ref.Name), func() error {
+				return c.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: clone.ref.Name}, obj)
 			})
 			wantKind := strings.TrimSuffix(clone.template.GetKind(), "Template")
 			if clone.ref.Kind != wantKind || obj.GetAPIVersion() != clone.template.GetAPIVersion() {
@@ -351,13 +353,12 @@ func registerCAPIWebhooks(t *testing.T, ctx context.Context, c client.Client, ne
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
-	pollUntil(t, ctx, "the Cluster API webhook server", func() (bool, string) {
+	poll.Until(t, ctx, 250*time.Millisecond, "the Cluster API webhook server", func() error {
 		conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
-		conn.Close()
-		return true, ""
+		return conn.Close()
 	})
 	configs, err := testenv.CAPIWebhooks(ctx, "https://"+addr, ca)
 	if err != nil {
@@ -389,15 +390,4 @@ func yamlOf(v any) string {
 		return err.Error()
 	}
 	return string(b)
-}
-
-// pollUntil is poll for checks that say what they last saw.
-func pollUntil(t *testing.T, ctx context.Context, what string, check func() (ok bool, last string)) {
-	t.Helper()
-	poll(t, ctx, "waiting for "+what, 250*time.Millisecond, func() error {
-		if ok, last := check(); !ok {
-			return errors.New("last: " + last)
-		}
-		return nil
-	})
 }

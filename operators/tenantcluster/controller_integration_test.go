@@ -39,6 +39,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/platform/render"
 )
@@ -172,7 +173,7 @@ func installFinalizerPolicy(t *testing.T, env *testenv.Env) {
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the finalizer policy in force", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "the finalizer policy in force", func() error {
 		probe := fixture(t)
 		probe.UID, probe.ResourceVersion, probe.Namespace = "", "", "policy-probe"
 		if err := env.Client.Create(ctx, probe, client.DryRunAll); err != nil {
@@ -203,31 +204,9 @@ func (e *operatorEnv) create(t *testing.T, ctx context.Context, mutate func(*v1.
 	return tc
 }
 
-// eventually polls f until it returns nil, failing with its last error
-// after a deadline generous enough for a loaded CI machine.
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	poll(t, ctx, what, 100*time.Millisecond, f)
-}
-
-// poll calls f every interval until it returns nil; when ctx ends first
-// it fails with ctx's cause and f's last error.
-func poll(t *testing.T, ctx context.Context, what string, interval time.Duration, f func() error) {
-	t.Helper()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %v (%v)", what, err, context.Cause(ctx))
-		case <-time.After(interval):
-		}
-	}
-}
+// waitLimit is how long a test waits for the operator: generous enough
+// for a loaded CI machine.
+const waitLimit = 90 * time.Second
 
 func (e *operatorEnv) get(ctx context.Context, tc *v1.TenantCluster) (*v1.TenantCluster, error) {
 	out := &v1.TenantCluster{}
@@ -255,7 +234,7 @@ func (e *operatorEnv) children(ctx context.Context, tc *v1.TenantCluster) (map[s
 func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.TenantCluster, v Versions, extra ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
 	var got map[string]*unstructured.Unstructured
-	eventually(t, "children", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "children", func() error {
 		cur, err := e.get(ctx, tc)
 		if err != nil {
 			return err
@@ -365,7 +344,7 @@ func TestOperatorCreatesChildren(t *testing.T) {
 		t.Errorf("MachineDeployment acme-md0 refers to KubevirtMachineTemplate %q, which does not exist", n)
 	}
 
-	eventually(t, "status", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "status", func() error {
 		cur, err := e.get(ctx, tc)
 		if err != nil {
 			return err
@@ -641,7 +620,7 @@ func TestOperatorFieldOwnership(t *testing.T) {
 		g := &cur.Spec.NodeGroups[1]
 		g.MinReplicas, g.MaxReplicas, g.Replicas = nil, nil, ptr.To[int32](2)
 	})
-	eventually(t, "the gpu group at a fixed size", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "the gpu group at a fixed size", func() error {
 		md := &unstructured.Unstructured{}
 		md.SetGroupVersionKind(gvkMachineDeployment)
 		if err := e.c.Get(ctx, client.ObjectKey{Namespace: tc.Namespace, Name: "acme-gpu"}, md); err != nil {
@@ -762,7 +741,7 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 	e.setVersion(t, ctx, tc, "v1.36.0")
 	// The control plane moves; the workers stay.
 	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.36.0", Groups: map[string]string{newGroupKey: "v1.35.4"}})
-	eventually(t, "upgrading status", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "upgrading status", func() error {
 		cur, _ := e.get(ctx, tc)
 		if cur.Status.Phase != v1.PhaseUpgrading || cur.Status.ObservedGeneration != cur.Generation {
 			return fmt.Errorf("phase %s, %s", cur.Status.Phase, condition(cur, v1.ConditionControlPlaneReady))
@@ -791,7 +770,7 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 	e.setVersion(t, ctx, tc, "v1.37.1")
 	time.Sleep(time.Second)
 	e.wantChildren(t, ctx, tc, Uniform("v1.36.0"))
-	eventually(t, "held control plane status", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "held control plane status", func() error {
 		cur, _ := e.get(ctx, tc)
 		if c := condition(cur, v1.ConditionControlPlaneReady); !strings.Contains(c, "waits for the node groups") {
 			return fmt.Errorf("ControlPlaneReady %s", c)
@@ -803,7 +782,7 @@ func TestOperatorUpgradeOrder(t *testing.T) {
 	e.setControlPlane(t, ctx, tc, "v1.37.1")
 	e.wantChildren(t, ctx, tc, Uniform("v1.37.1"))
 	e.setWorkers(t, ctx, tc, false)
-	eventually(t, "workers ready", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "workers ready", func() error {
 		cur, _ := e.get(ctx, tc)
 		if c := condition(cur, v1.ConditionWorkersReady); !strings.HasPrefix(c, "True/") || cur.Status.Workers != "4/4" {
 			return fmt.Errorf("WorkersReady %s, workers %s", c, cur.Status.Workers)
@@ -900,7 +879,7 @@ func TestOperatorAddons(t *testing.T) {
 	if err := e.c.Status().Update(ctx, hr); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "AddonsReady reports the failure", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "AddonsReady reports the failure", func() error {
 		cur, _ := e.get(ctx, tc)
 		if c := condition(cur, v1.ConditionAddonsReady); !strings.Contains(c, "cilium: install retries exhausted") {
 			return fmt.Errorf("AddonsReady %s", c)
@@ -951,7 +930,7 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 	if err := e.c.Delete(ctx, cur); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "other workers deleted, the Cluster waiting", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "other workers deleted, the Cluster waiting", func() error {
 		kids, err := e.children(ctx, tc)
 		if err != nil {
 			return err
@@ -988,7 +967,7 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 	}
 	// The add-ons go last, their HelmReleases suspended first so that
 	// helm-controller does not try to uninstall from a deleted cluster.
-	eventually(t, "HelmRelease suspended and deleted after the Cluster", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "HelmRelease suspended and deleted after the Cluster", func() error {
 		if err := e.c.Get(ctx, client.ObjectKeyFromObject(hr), hr); err != nil {
 			return err
 		}
@@ -1005,7 +984,7 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 	if err := e.c.Patch(ctx, hr, hrPatch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "everything gone", func() error {
+	poll.Within(t, waitLimit, 100*time.Millisecond, "everything gone", func() error {
 		kids, err := e.children(ctx, tc)
 		if err != nil {
 			return err

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -38,6 +39,7 @@ import (
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/flux"
@@ -137,11 +139,11 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 
 	// Phase 2: the components are there, and honest about what fails.
 	var rep *status.Report
-	poll(t, ctx, "networking to report its chart fetch failing", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "networking to report its chart fetch failing", seen(func() (bool, string) {
 		rep = platformStatus(t, kubeconfig)
 		c := component(rep, "networking")
 		return c != nil && !c.Ready && failedFetch(c.Message), fmt.Sprintf("%+v", c)
-	})
+	}))
 	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
 	if rep.Ready {
 		t.Error("the platform reports Ready, but its charts cannot be fetched here")
@@ -182,11 +184,11 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	patch(kustomization("cozy-operator"), `{"spec":{"dependsOn":null}}`)
 	go standInKubelet(ctx, env.Client, "cozy-system")
 
-	poll(t, ctx, "the cozy-operator chart's objects to exist", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "the cozy-operator chart's objects to exist", seen(func() (bool, string) {
 		var d appsv1.Deployment
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &d)
 		return err == nil, fmt.Sprint(err)
-	})
+	}))
 	var sa corev1.ServiceAccount
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &sa); err != nil {
 		t.Errorf("the chart's ServiceAccount: %v", err)
@@ -200,11 +202,11 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	if err := env.Client.List(ctx, &roles, client.MatchingLabels{"helm.toolkit.fluxcd.io/name": "cozy-operator"}); err != nil || len(roles.Items) == 0 {
 		t.Errorf("the chart's ClusterRoles (labelled by helm-controller): %d, %v", len(roles.Items), err)
 	}
-	poll(t, ctx, "cozy-operator to be Ready", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "cozy-operator to be Ready", seen(func() (bool, string) {
 		rep = platformStatus(t, kubeconfig)
 		c := component(rep, "cozy-operator")
 		return c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v", c)
-	})
+	}))
 
 	// Phase 4: a tenant's add-ons, installed by Flux into the tenant.
 	patch(kustomization("tenant-addons"), `{"spec":{"dependsOn":null}}`)
@@ -295,10 +297,10 @@ spec:
 	cluster := &unstructured.Unstructured{}
 	cluster.SetAPIVersion("cluster.x-k8s.io/v1beta2")
 	cluster.SetKind("Cluster")
-	poll(t, ctx, "the operator to create the Cluster", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "the operator to create the Cluster", seen(func() (bool, string) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: tenantNS, Name: "acme"}, cluster)
 		return err == nil, fmt.Sprint(err)
-	})
+	}))
 	port, err := strconv.Atoi(tenantURL.Port())
 	if err != nil {
 		t.Fatal(err)
@@ -331,9 +333,9 @@ spec:
 		}
 		return false, "no Ready condition"
 	}
-	poll(t, ctx, "helm-controller to install kubevirt-csi-node into the tenant", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "helm-controller to install kubevirt-csi-node into the tenant", seen(func() (bool, string) {
 		return ready("acme-kubevirt-csi-node")
-	})
+	}))
 	var sc storagev1.StorageClass
 	if err := tenant.Client.Get(ctx, client.ObjectKey{Name: "kubevirt"}, &sc); err != nil {
 		t.Fatalf("the tenant's StorageClass: %v", err)
@@ -353,7 +355,7 @@ spec:
 	}
 
 	// metrics-server's repository is out of reach: said, not hidden.
-	poll(t, ctx, "the TenantCluster to report metrics-server's chart unreachable", func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "the TenantCluster to report metrics-server's chart unreachable", seen(func() (bool, string) {
 		if ok, msg := ready("acme-metrics-server"); ok {
 			return false, "metrics-server Ready: " + msg
 		}
@@ -368,7 +370,7 @@ spec:
 			}
 		}
 		return false, "no AddonsReady condition"
-	})
+	}))
 	rep := platformStatus(t, kubeconfig)
 	if c := component(rep, "tenant-addons"); c == nil || c.Ready || !failedFetch(c.Message) {
 		t.Errorf("tenant-addons component %+v, want it failing on its Helm repositories", c)
@@ -586,19 +588,12 @@ func standInKubelet(ctx context.Context, c client.Client, namespace string) {
 	}
 }
 
-// poll retries check until it holds or ctx ends; last says what it saw.
-func poll(t *testing.T, ctx context.Context, what string, check func() (ok bool, last string)) {
-	t.Helper()
-	var last string
-	for {
-		var ok bool
-		if ok, last = check(); ok {
-			return
+// seen turns a check that says what it saw into one for poll.Until.
+func seen(check func() (ok bool, last string)) func() error {
+	return func() error {
+		if ok, last := check(); !ok {
+			return errors.New("last: " + last)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v; last: %s", what, ctx.Err(), last)
-		case <-time.After(time.Second):
-		}
+		return nil
 	}
 }
