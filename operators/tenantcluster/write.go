@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
+	"sync"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
@@ -30,6 +30,17 @@ import (
 type writer struct {
 	rest   rest.Interface
 	mapper apimeta.RESTMapper
+	// collections caches each kind's collection path and scope: the
+	// mapper takes a lock and walks its lists on every call, a cost
+	// the operator's profile showed on each of a cluster's writes.
+	collections sync.Map // schema.GroupVersionKind → collection
+}
+
+// collection is where a kind's objects live: /apis/GROUP/VERSION (or
+// /api/VERSION), [namespaces/NS/,] RESOURCE.
+type collection struct {
+	prefix, resource string
+	namespaced       bool
 }
 
 // metadataOnly asks for the reply as PartialObjectMetadata, protobuf
@@ -92,21 +103,39 @@ func (w *writer) send(ctx context.Context, u *unstructured.Unstructured, named b
 
 // path is u's collection URL, or u's own with named.
 func (w *writer) path(u *unstructured.Unstructured, named bool) (string, error) {
-	gvk := u.GroupVersionKind()
-	m, err := w.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	c, err := w.collection(u.GroupVersionKind())
 	if err != nil {
 		return "", err
 	}
-	segs := []string{"/apis", gvk.Group, gvk.Version}
-	if gvk.Group == "" {
-		segs = []string{"/api", gvk.Version}
+	p := c.prefix
+	if c.namespaced {
+		p += "/namespaces/" + u.GetNamespace()
 	}
-	if m.Scope.Name() == apimeta.RESTScopeNameNamespace {
-		segs = append(segs, "namespaces", u.GetNamespace())
-	}
-	segs = append(segs, m.Resource.Resource)
+	p += "/" + c.resource
 	if named {
-		segs = append(segs, u.GetName())
+		p += "/" + u.GetName()
 	}
-	return strings.Join(segs, "/"), nil
+	return p, nil
+}
+
+// collection maps a kind once; a kind the mapper does not know is asked
+// again next time (its CRD may come later).
+func (w *writer) collection(gvk schema.GroupVersionKind) (collection, error) {
+	if c, ok := w.collections.Load(gvk); ok {
+		return c.(collection), nil
+	}
+	m, err := w.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return collection{}, err
+	}
+	c := collection{
+		prefix:     "/apis/" + gvk.Group + "/" + gvk.Version,
+		resource:   m.Resource.Resource,
+		namespaced: m.Scope.Name() == apimeta.RESTScopeNameNamespace,
+	}
+	if gvk.Group == "" {
+		c.prefix = "/api/" + gvk.Version
+	}
+	w.collections.Store(gvk, c)
+	return c, nil
 }
