@@ -11,14 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"cozy.dev/cozy/internal/netnstest"
 	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/internal/verdict"
 )
 
@@ -190,15 +189,6 @@ func logDir(t *testing.T, dir, name string) string {
 
 // treeCPU is the CPU time of a process and its children (nginx's workers).
 func treeCPU(pid int) time.Duration {
-	total := processCPU(pid)
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, c := range strings.Fields(string(b)) {
-			if child, err := strconv.Atoi(c); err == nil {
-				total += processCPU(child)
-			}
-		}
-	}
-	return total
+	children, _ := procstat.ChildrenCPU(pid)
+	return processCPU(pid) + children
 }

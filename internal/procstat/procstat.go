@@ -3,7 +3,9 @@ package procstat
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -37,4 +39,50 @@ func parseStat(data []byte) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc stat: utime %q, stime %q", f[11], f[12])
 	}
 	return time.Duration(utime+stime) * time.Second / 100, nil
+}
+
+// Children are the process IDs of pid's children, as the kernel lists
+// them per thread in /proc/PID/task/TID/children.
+func Children(pid int) ([]int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, task := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		if err != nil {
+			continue // the thread has ended
+		}
+		for _, f := range strings.Fields(string(data)) {
+			child, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("/proc/%d/task/%s/children: %q", pid, task.Name(), f)
+			}
+			out = append(out, child)
+		}
+	}
+	return out, nil
+}
+
+// ChildrenCPU is the CPU time pid's children have used so far (not
+// their own children's): a benchmark's servers, which it started. A
+// child that ends while it is read is left out.
+func ChildrenCPU(pid int) (time.Duration, error) {
+	children, err := Children(pid)
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	for _, child := range children {
+		cpu, err := CPU(child)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		total += cpu
+	}
+	return total, nil
 }

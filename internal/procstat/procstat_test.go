@@ -1,9 +1,14 @@
 package procstat
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
+	"slices"
 	"testing"
 	"time"
+
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 func TestParseStat(t *testing.T) {
@@ -30,4 +35,34 @@ func TestParseStat(t *testing.T) {
 	if _, err := CPU(os.Getpid()); err != nil {
 		t.Errorf("this process: %v", err)
 	}
+}
+
+// TestChildrenCPU: a child that has burnt CPU is listed, and counted.
+func TestChildrenCPU(t *testing.T) {
+	busy := exec.Command("sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 60")
+	if err := busy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = busy.Process.Kill(); _ = busy.Wait() })
+	poll.Within(t, time.Minute, 50*time.Millisecond, "the child's CPU counted", func() error {
+		children, err := Children(os.Getpid())
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(children, busy.Process.Pid) {
+			return fmt.Errorf("children %v, want %d among them", children, busy.Process.Pid)
+		}
+		own, err := CPU(busy.Process.Pid)
+		if err != nil {
+			return err
+		}
+		all, err := ChildrenCPU(os.Getpid())
+		if err != nil {
+			return err
+		}
+		if own == 0 || all < own {
+			return fmt.Errorf("the child used %v, all children %v", own, all)
+		}
+		return nil
+	})
 }
