@@ -60,6 +60,9 @@ func startAPIServer(t *testing.T) (*testenv.Env, *runtime.Scheme) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Reconcile errors go to stderr, which go test shows for a failure
+	// (and controller-runtime does not warn that no logger was set).
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	return testenv.Start(t, testenv.Options{
 		Scheme:   scheme,
 		CRDFiles: []string{filepath.Join("..", "..", "charts", "cozy-operator", "crds", "tenancy.cozy.dev_tenantclusters.yaml")},
@@ -69,8 +72,6 @@ func startAPIServer(t *testing.T) (*testenv.Env, *runtime.Scheme) {
 func startOperator(t *testing.T) *operatorEnv {
 	t.Helper()
 	env, scheme := startAPIServer(t)
-	// Reconcile errors go to stderr, which go test shows for a failure.
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	mgr := newManager(t, asOperator(t, env), scheme, false)
 	stop := run(t, mgr)
 	t.Cleanup(stop)
@@ -1008,7 +1009,6 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 // stops, it releases the Lease and the other takes over.
 func TestOperatorLeaderElection(t *testing.T) {
 	env, scheme := startAPIServer(t)
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	cfg := asOperator(t, env)
 	e := &operatorEnv{env: env, c: env.Client}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
