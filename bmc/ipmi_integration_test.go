@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bmc"
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 // ipmiSim runs OpenIPMI's BMC simulator (ipmi_sim, Debian's openipmi) on

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bmc"
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/lab/redfishbmc"
 	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )

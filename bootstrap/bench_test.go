@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/bootstrap/state"
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/verdict"
 )
 
 // TestBenchBootstrap times `cozyctl bootstrap` from start to a working

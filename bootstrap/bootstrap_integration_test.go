@@ -26,9 +26,9 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 // rackRig is a provisioning network in a namespace: a bridge where the

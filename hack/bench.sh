@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: every benchmark, ours and its peer side by side, each ending
-# in verdict lines (internal/verdict); then one table of all verdicts,
+# in verdict lines (internal/testing/verdict); then one table of all verdicts,
 # dated, with the commit. A failing benchmark does not stop the others;
 # the script fails at the end if any did. The log is kept in bin/bench.log.
 set -uo pipefail

@@ -17,7 +17,7 @@
 #   registry.k8s.io/kube-proxy:v1.36.3    kube-proxy from hack/envtest-assets.sh, kube-log-runner
 #                                         as /go-runner, on the same base plus conntrack
 #   docker.io/library/busybox:1.35.0      Debian 12's busybox-static (the probe pods of
-#                                         internal/clustertest)
+#                                         internal/testing/clustertest)
 #
 # The layout is cached in $COZY_CACHE_DIR/lab-images/<key> (default
 # COZY_CACHE_DIR=$HOME/.cache/cozy), the key naming every version, a hash

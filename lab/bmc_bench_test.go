@@ -20,7 +20,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 
 	"cozy.dev/cozy/internal/netns"
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/verdict"
 	"cozy.dev/cozy/lab"
 )
 

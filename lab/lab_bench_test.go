@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/verdict"
 	"cozy.dev/cozy/lab"
 )
 

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 // The lab's namespace holds the bridge with the server address and one tap

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/procstat"
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/verdict"
 )
 
 // TestBenchDHCPLeaseRate measures, with perfdhcp, the highest rate of DORA

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
 	"cozy.dev/cozy/internal/procstat"
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/verdict"
 )
 
 // TestBenchHTTPFanOut is a rack booting at once: 50 clients each download

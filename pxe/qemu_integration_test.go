@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"cozy.dev/cozy/internal/cli"
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/pxe/inventory"
 )

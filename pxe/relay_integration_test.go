@@ -16,9 +16,9 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 // TestFullModeThroughRelay serves a network the server is not on, through

@@ -11,7 +11,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/bootstrap/talosconfig"
-	"cozy.dev/cozy/internal/powercut"
+	"cozy.dev/cozy/internal/testing/powercut"
 )
 
 // TestStateDirSurvivesPowerLoss keeps a bootstrap state dir on a disk that

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/internal/ociimage"
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 func TestUsrMerged(t *testing.T) {

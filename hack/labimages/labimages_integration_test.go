@@ -17,8 +17,8 @@ import (
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 
 	"cozy.dev/cozy/internal/ociimage"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 // labImage is what a node expects of one image of the layout, and

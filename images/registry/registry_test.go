@@ -15,7 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/sirupsen/logrus"
 
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 func TestMain(m *testing.M) {

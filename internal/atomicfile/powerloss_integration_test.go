@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/internal/atomicfile"
-	"cozy.dev/cozy/internal/powercut"
+	"cozy.dev/cozy/internal/testing/powercut"
 )
 
 // TestWriteSurvivesPowerLoss cuts the power at 24 random moments while

@@ -23,8 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"cozy.dev/cozy/images"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 // registryProc is one run of `cozyctl registry serve` as its own process.

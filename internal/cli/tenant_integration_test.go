@@ -17,7 +17,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 var created = time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 var compressions = map[string]Compression{"gzip": Gzip, "lz4": LZ4}

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"testing"
 
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/lab/talosnode"
 )

@@ -26,11 +26,11 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosapi"
 	"cozy.dev/cozy/bootstrap/talosconfig"
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/syncbuf"
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
+	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab/nodeimage"
 )
 

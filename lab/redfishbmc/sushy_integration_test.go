@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
 

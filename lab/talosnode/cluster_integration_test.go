@@ -23,11 +23,11 @@ import (
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/images"
 	"cozy.dev/cozy/images/registry"
-	"cozy.dev/cozy/internal/clustertest"
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/clustertest"
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab/talosnode"
 )
 

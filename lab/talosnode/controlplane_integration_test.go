@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab/talosnode"
 )
 

@@ -33,9 +33,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/procstat"
-	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/internal/testing/poll"
-	"cozy.dev/cozy/internal/verdict"
+	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/internal/testing/verdict"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 

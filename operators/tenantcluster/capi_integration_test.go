@@ -29,9 +29,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/testenv"
 )
 
 // TestClusterAPIControllersAcceptChildren runs the real Cluster API core

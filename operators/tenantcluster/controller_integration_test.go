@@ -38,8 +38,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"cozy.dev/cozy/internal/testenv"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/platform/render"
 )

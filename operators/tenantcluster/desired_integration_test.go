@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/testenv"
 )
 
 // TestServerAcceptsChildren creates every child and add-on against a

@@ -36,10 +36,10 @@ import (
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/cli"
-	"cozy.dev/cozy/internal/netnstest"
-	"cozy.dev/cozy/internal/prereq"
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/flux"

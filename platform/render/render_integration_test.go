@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/platform/render"
 )
 

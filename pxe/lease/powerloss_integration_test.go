@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/powercut"
+	"cozy.dev/cozy/internal/testing/powercut"
 )
 
 // TestGrantsAndCompactionSurvivePowerLoss keeps the journal on a disk that

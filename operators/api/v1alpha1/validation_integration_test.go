@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/testenv"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 

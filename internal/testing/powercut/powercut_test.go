@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"cozy.dev/cozy/internal/powercut"
+	"cozy.dev/cozy/internal/testing/powercut"
 )
 
 // TestCutLosesWhatWasNotFlushed: the disk keeps what was fsynced and loses

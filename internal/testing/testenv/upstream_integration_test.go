@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"cozy.dev/cozy/internal/testenv"
+	"cozy.dev/cozy/internal/testing/testenv"
 )
 
 // Each case is a kind Cozy's operator and platform create. The valid object

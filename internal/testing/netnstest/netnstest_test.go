@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"cozy.dev/cozy/internal/netns"
-	"cozy.dev/cozy/internal/prereq"
+	"cozy.dev/cozy/internal/testing/prereq"
 )
 
 func TestNamespaces(t *testing.T) {

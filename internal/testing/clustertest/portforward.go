@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/syncbuf"
 	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 // KubectlCommand makes (does not start) a kubectl command with args

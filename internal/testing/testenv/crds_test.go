@@ -199,7 +199,7 @@ func TestPlatformCRDs(t *testing.T) {
 // TestPlatformCRDsMatchThePins: the CRDs the tests load are those of the
 // versions the platform installs.
 func TestPlatformCRDsMatchThePins(t *testing.T) {
-	data, err := os.ReadFile("../../charts/platform/values.yaml")
+	data, err := os.ReadFile("../../../charts/platform/values.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
