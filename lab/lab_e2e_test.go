@@ -35,6 +35,7 @@ import (
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/testing/clustertest"
 	"cozy.dev/cozy/internal/testing/netnstest"
@@ -431,15 +432,15 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) 
 	}
 	res, err := lab.Up(ctx, c, lab.UpOptions{
 		Cozyctl: self,
-		Image: func(ctx context.Context) (lab.Image, error) {
+		Image: func(ctx context.Context) (kernelimage.Image, error) {
 			img, err := nodeimage.Build(ctx, nodeimage.Options{
 				NodeBinary: node, KernelDir: os.Getenv("COZY_BOOT_ASSETS"), KubernetesDir: os.Getenv("KUBEBUILDER_ASSETS"),
 				RuntimeDir: os.Getenv("COZY_NODE_ASSETS"), CacheDir: filepath.Join(cacheDir(), "lab", "images"),
 			})
 			if err != nil {
-				return lab.Image{}, err
+				return kernelimage.Image{}, err
 			}
-			return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+			return kernelimage.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
 		},
 		Images:      func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
 		Stderr:      &progress,

@@ -15,6 +15,7 @@ import (
 	"cozy.dev/cozy/bootstrap/imagefactory/factorytest"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
+	"cozy.dev/cozy/internal/kernelimage"
 )
 
 func TestMachines(t *testing.T) {
@@ -195,7 +196,7 @@ func TestQEMUArgs(t *testing.T) {
 			}
 		}
 	}
-	args := strings.Join(c.BootstrapArgs(Image{Kernel: "/k", Initrds: []string{"/i"}, Cmdline: "console=ttyS0"}), " ")
+	args := strings.Join(c.BootstrapArgs(kernelimage.Image{Kernel: "/k", Initrds: []string{"/i"}, Cmdline: "console=ttyS0"}), " ")
 	if args != "bootstrap --rack /labs/q/rack.yaml --state-dir /labs/q/state --kernel /k --server-ip 192.168.77.1 --initrd /i --cmdline console=ttyS0" {
 		t.Errorf("bootstrap args: %s", args)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap/imagefactory"
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/internal/kernelimage"
 )
 
 // TalosImage is the node image of --image talos: the real Talos kernel
@@ -16,33 +17,33 @@ import (
 // an existing one), cached under $COZY_CACHE_DIR/talos. The netboot
 // server adds Talos's kernel arguments, as for any rack. hc nil means
 // http.DefaultClient.
-func TalosImage(ctx context.Context, c *Config, hc *http.Client) (Image, error) {
+func TalosImage(ctx context.Context, c *Config, hc *http.Client) (kernelimage.Image, error) {
 	r, err := rack.Parse(c.Rack(), filepath.Join(c.Dir, RackFile), c.Dir)
 	if err != nil {
-		return Image{}, fmt.Errorf("the lab's rack: %w", err)
+		return kernelimage.Image{}, fmt.Errorf("the lab's rack: %w", err)
 	}
 	s := r.Talos.Schematic
 	id, err := s.SchematicID()
 	if err != nil {
-		return Image{}, err
+		return kernelimage.Image{}, err
 	}
 	fc := &imagefactory.Client{URL: r.Talos.Factory, HTTP: hc, Cache: filepath.Join(cacheDir(), "talos")}
 	if s.ID == "" {
 		doc, err := s.SchematicDocument()
 		if err != nil {
-			return Image{}, err
+			return kernelimage.Image{}, err
 		}
 		if err := fc.Register(ctx, doc, id); err != nil {
-			return Image{}, err
+			return kernelimage.Image{}, err
 		}
 	}
 	kernel, err := fc.Asset(ctx, id, r.Talos.Version, "kernel-amd64")
 	if err != nil {
-		return Image{}, err
+		return kernelimage.Image{}, err
 	}
 	initrd, err := fc.Asset(ctx, id, r.Talos.Version, "initramfs-amd64.xz")
 	if err != nil {
-		return Image{}, err
+		return kernelimage.Image{}, err
 	}
-	return Image{Kernel: kernel, Initrds: []string{initrd}}, nil
+	return kernelimage.Image{Kernel: kernel, Initrds: []string{initrd}}, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/lab/nodeimage"
 )
@@ -28,21 +29,13 @@ const (
 	StateDir   = "state" // cozyctl bootstrap's state dir
 )
 
-// Image is what the lab's machines netboot: a kernel, initramfs and
-// command line.
-type Image struct {
-	Kernel  string
-	Initrds []string
-	Cmdline string
-}
-
 // UpOptions are the tools Up works with.
 type UpOptions struct {
 	// Cozyctl is the cozyctl binary run inside the namespace for the
 	// bootstrap (usually os.Executable()).
 	Cozyctl string
 	// Image builds or finds the node image.
-	Image func(ctx context.Context) (Image, error)
+	Image func(ctx context.Context) (kernelimage.Image, error)
 	// Images builds or finds the OCI layout of the images the nodes pull
 	// (hack/lab-images.sh), which the lab's registry serves. Nil for a
 	// lab of real Talos, which pulls from the internet.
@@ -134,7 +127,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := os.WriteFile(rackPath, c.Rack(), 0o644); err != nil {
 		return nil, err
 	}
-	var img Image
+	var img kernelimage.Image
 	if err := step("node image", func() (err error) { img, err = o.Image(ctx); return err }); err != nil {
 		return res, err
 	}
@@ -305,7 +298,7 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 
 // BootstrapArgs is the `cozyctl bootstrap` command line of the lab, run
 // inside its namespace.
-func (c *Config) BootstrapArgs(img Image) []string {
+func (c *Config) BootstrapArgs(img kernelimage.Image) []string {
 	args := []string{"bootstrap", "--rack", filepath.Join(c.Dir, RackFile), "--state-dir", filepath.Join(c.Dir, StateDir),
 		"--kernel", img.Kernel, "--server-ip", ServerIP.String()}
 	for _, i := range img.Initrds {

@@ -12,6 +12,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
 
+	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/pxe/dhcp"
 	"cozy.dev/cozy/pxe/inventory"
 )
@@ -54,7 +55,7 @@ func archConfig(dir string) Config {
 
 func TestResolveARM64(t *testing.T) {
 	dir := bootFiles(t)
-	arm := Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
+	arm := kernelimage.Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
 	// An arm64 Image as the only kernel: its header says so.
 	image := make([]byte, 0x400)
 	copy(image[0x38:], "ARM\x64")
@@ -62,27 +63,27 @@ func TestResolveARM64(t *testing.T) {
 	if err := os.WriteFile(armImage, image, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	main := Image{Kernel: filepath.Join(dir, "vmlinuz"), Initrds: []string{filepath.Join(dir, "initrd")}, Cmdline: "console=ttyS0"}
+	main := kernelimage.Image{Kernel: filepath.Join(dir, "vmlinuz"), Initrds: []string{filepath.Join(dir, "initrd")}, Cmdline: "console=ttyS0"}
 	tests := []struct {
 		name        string
 		cfg         func(*Config)
 		haveDefault bool // DefaultARM64BootFile exists (Debian 13's ipxe)
 		wantErr     string
-		want        Image  // ARM64 afterwards
-		wantFile    string // ARM64BootFile afterwards
+		want        kernelimage.Image // ARM64 afterwards
+		wantFile    string            // ARM64BootFile afterwards
 	}{
 		{name: "x86 only: arm64 machines are not answered", cfg: func(*Config) {}, haveDefault: true},
 		{name: "an arm64 kernel and Debian's iPXE", cfg: func(c *Config) { c.ARM64 = arm }, haveDefault: true,
-			want: Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyS0"}, wantFile: "default"},
+			want: kernelimage.Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyS0"}, wantFile: "default"},
 		{name: "an arm64 kernel, its own command line and iPXE", cfg: func(c *Config) {
 			c.ARM64 = arm
 			c.ARM64.Cmdline = "console=ttyAMA0"
 			c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
-		}, want: Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyAMA0"}, wantFile: filepath.Join(dir, "ipxe-arm64.efi")},
+		}, want: kernelimage.Image{Kernel: arm.Kernel, Initrds: arm.Initrds, Cmdline: "console=ttyAMA0"}, wantFile: filepath.Join(dir, "ipxe-arm64.efi")},
 		{name: "an arm64 iPXE alone: the one kernel boots every client", cfg: func(c *Config) { c.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi") },
 			want: main, wantFile: filepath.Join(dir, "ipxe-arm64.efi")},
 		{name: "the one kernel is arm64, and Debian's arm64 iPXE is there", cfg: func(c *Config) { c.Kernel = armImage }, haveDefault: true,
-			want: Image{Kernel: armImage, Initrds: main.Initrds, Cmdline: main.Cmdline}, wantFile: "default"},
+			want: kernelimage.Image{Kernel: armImage, Initrds: main.Initrds, Cmdline: main.Cmdline}, wantFile: "default"},
 		{name: "the one kernel is arm64, no arm64 iPXE: not answered", cfg: func(c *Config) { c.Kernel = armImage }},
 		{name: "no arm64 iPXE anywhere", cfg: func(c *Config) { c.ARM64 = arm }, wantErr: "no iPXE for arm64 UEFI"},
 		{name: "an arm64 kernel without an initramfs", cfg: func(c *Config) { c.ARM64.Kernel = arm.Kernel }, haveDefault: true,
@@ -149,7 +150,7 @@ func TestScriptByArch(t *testing.T) {
 				cfg.Cmdline = "console=ttyS0"
 			}
 			if tc.arm64 {
-				cfg.ARM64 = Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
+				cfg.ARM64 = kernelimage.Image{Kernel: filepath.Join(dir, "vmlinuz-arm64"), Initrds: []string{filepath.Join(dir, "initrd-arm64")}}
 				cfg.ARM64BootFile = filepath.Join(dir, "ipxe-arm64.efi")
 				if !tc.talos {
 					cfg.ARM64.Cmdline = "console=ttyAMA0"

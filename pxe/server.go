@@ -68,7 +68,7 @@ type Config struct {
 	// ARM64 is what arm64 UEFI machines boot (its Cmdline defaults to
 	// Cmdline). Without a kernel, they boot Kernel if ARM64BootFile is
 	// given or Kernel is an arm64 kernel, else they are not answered.
-	ARM64 Image
+	ARM64 kernelimage.Image
 
 	// AllowUnknown boots every PXE client on the interface (and in full
 	// mode leases an address to every DHCP client). Without it only
@@ -120,14 +120,6 @@ type Config struct {
 	snpOnly map[string]bool
 
 	Log *slog.Logger
-}
-
-// Image is a kernel, its initramfs images (loaded in order) and its
-// command line.
-type Image struct {
-	Kernel  string
-	Initrds []string
-	Cmdline string
 }
 
 // Network is a pool of addresses on one network, in full mode: the
@@ -285,7 +277,7 @@ func (c *Config) resolveARM64() error {
 		if arch == kernelimage.AMD64 {
 			c.Log.Warn("arm64 machines will be handed the x86 kernel: give them their own with --kernel-arm64 and --initrd-arm64", "kernel", c.Kernel)
 		}
-		*a = Image{Kernel: c.Kernel, Initrds: c.Initrds, Cmdline: c.Cmdline}
+		*a = kernelimage.Image{Kernel: c.Kernel, Initrds: c.Initrds, Cmdline: c.Cmdline}
 	}
 	if c.ARM64BootFile == "" {
 		if !exists(defaultARM64BootFile) {
@@ -430,7 +422,7 @@ func newServer(cfg Config) (*server, error) {
 		assets:  map[string]string{},
 		configs: map[string]string{},
 	}
-	if err := s.addBoot(dhcp.AMD64, Image{Kernel: cfg.Kernel, Initrds: cfg.Initrds, Cmdline: cfg.Cmdline}); err != nil {
+	if err := s.addBoot(dhcp.AMD64, kernelimage.Image{Kernel: cfg.Kernel, Initrds: cfg.Initrds, Cmdline: cfg.Cmdline}); err != nil {
 		return nil, err
 	}
 	if cfg.ARM64.Kernel != "" {
@@ -517,7 +509,7 @@ func newServer(cfg Config) (*server, error) {
 // addBoot serves img to machines of one architecture: its files under
 // /assets/ (named kernel, initrd0, ... for x86-64, arm64-kernel, ... for
 // arm64) and the iPXE script that loads them.
-func (s *server) addBoot(cpu dhcp.CPU, img Image) error {
+func (s *server) addBoot(cpu dhcp.CPU, img kernelimage.Image) error {
 	prefix := ""
 	if cpu != dhcp.AMD64 {
 		prefix = string(cpu) + "-"

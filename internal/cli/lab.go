@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
 )
@@ -70,7 +71,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			defer stop()
 			o := lab.UpOptions{
 				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(), NoBootstrap: noBootstrap,
-				Image: func(ctx context.Context) (lab.Image, error) { return labImage(ctx, &c, g.stderr) },
+				Image: func(ctx context.Context) (kernelimage.Image, error) { return labImage(ctx, &c, g.stderr) },
 			}
 			if c.Image != "talos" {
 				o.Images = func(ctx context.Context) (string, error) { return runBuildScript(ctx, scriptImages, g.stderr) }
@@ -236,17 +237,17 @@ func newLabConsoleCommand(g *Globals, load func() (*lab.Config, error)) *cobra.C
 // Kubernetes binaries, containerd and the CNI plugins, each from the
 // cache, built first if the cache lacks them (hack's scripts, with their
 // progress on stderr).
-func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (lab.Image, error) {
+func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (kernelimage.Image, error) {
 	if c.Image == "talos" {
 		return lab.TalosImage(ctx, c, nil)
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return lab.Image{}, err
+		return kernelimage.Image{}, err
 	}
 	node := filepath.Join(filepath.Dir(self), "cozy-talos-node")
 	if _, err := os.Stat(node); err != nil {
-		return lab.Image{}, fmt.Errorf("the emulated node binary: %w (make build writes it next to cozyctl)", err)
+		return kernelimage.Image{}, fmt.Errorf("the emulated node binary: %w (make build writes it next to cozyctl)", err)
 	}
 	o := nodeimage.Options{NodeBinary: node, CacheDir: filepath.Join(cacheDir(), "lab", "images")}
 	for _, b := range []struct {
@@ -254,14 +255,14 @@ func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (lab.Image
 		script string
 	}{{&o.KernelDir, scriptKernel}, {&o.KubernetesDir, scriptKubernetes}, {&o.RuntimeDir, scriptRuntime}} {
 		if *b.dir, err = runBuildScript(ctx, b.script, progress); err != nil {
-			return lab.Image{}, err
+			return kernelimage.Image{}, err
 		}
 	}
 	img, err := nodeimage.Build(ctx, o)
 	if err != nil {
-		return lab.Image{}, err
+		return kernelimage.Image{}, err
 	}
-	return lab.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
+	return kernelimage.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
 }
 
 // cacheDir is where builds are cached: $COZY_CACHE_DIR, default

@@ -1,11 +1,20 @@
-// Package kernelimage tells which CPU a Linux kernel file boots on, from
-// the magic numbers its boot protocol puts in its header.
+// Package kernelimage is what a machine netboots (Image), and which CPU
+// a Linux kernel file boots on, from the magic numbers its boot protocol
+// puts in its header (Arch).
 package kernelimage
 
 import (
 	"io"
 	"os"
 )
+
+// Image is what a machine netboots: a kernel, its initramfs images
+// (loaded in order) and its command line.
+type Image struct {
+	Kernel  string
+	Initrds []string
+	Cmdline string
+}
 
 // Architectures a kernel header names, as GOARCH spells them.
 const (
