@@ -353,9 +353,9 @@ type NodeStatus struct {
 
 // Status reports the lab's VMs and how far bootstrap took each.
 func Status(c *Config) ([]NodeStatus, error) {
-	var st state.State
-	if data, err := os.ReadFile(filepath.Join(c.Dir, StateDir, state.File)); err == nil {
-		_ = json.Unmarshal(data, &st)
+	st, err := state.Read(filepath.Join(c.Dir, StateDir))
+	if err != nil {
+		return nil, fmt.Errorf("the bootstrap's state: %w", err)
 	}
 	var out []NodeStatus
 	for _, m := range c.Machines() {

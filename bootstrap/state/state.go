@@ -72,25 +72,46 @@ type Store struct {
 
 // Open loads the state in dir, or starts an empty one for cluster.
 func Open(dir, cluster string) (*Store, error) {
-	st := &Store{path: filepath.Join(dir, File)}
-	data, err := os.ReadFile(st.path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		st.s = State{Cluster: cluster, Nodes: map[string]*Node{}}
-		return st, nil
-	case err != nil:
+	s, found, err := read(dir)
+	if err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal(data, &st.s); err != nil {
-		return nil, fmt.Errorf("%s is damaged (%v): fix or remove it; the secrets bundle next to it is what matters", st.path, err)
+	st := &Store{path: filepath.Join(dir, File), s: s}
+	if !found {
+		st.s.Cluster = cluster
+		return st, nil
 	}
-	if st.s.Cluster != cluster {
-		return nil, fmt.Errorf("%s belongs to cluster %q, not %q: use another --state-dir", st.path, st.s.Cluster, cluster)
-	}
-	if st.s.Nodes == nil {
-		st.s.Nodes = map[string]*Node{}
+	if s.Cluster != cluster {
+		return nil, fmt.Errorf("%s belongs to cluster %q, not %q: use another --state-dir", st.path, s.Cluster, cluster)
 	}
 	return st, nil
+}
+
+// Read loads the state in dir to look at it (lab status): an empty State
+// when there is none yet, an error when it cannot be read.
+func Read(dir string) (State, error) {
+	s, _, err := read(dir)
+	return s, err
+}
+
+// read loads the state in dir, and says whether there was one.
+func read(dir string) (State, bool, error) {
+	path := filepath.Join(dir, File)
+	s := State{Nodes: map[string]*Node{}}
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return s, false, nil
+	case err != nil:
+		return State{}, false, err
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return State{}, false, fmt.Errorf("%s is damaged (%v): fix or remove it; the secrets bundle next to it is what matters", path, err)
+	}
+	if s.Nodes == nil {
+		s.Nodes = map[string]*Node{}
+	}
+	return s, true, nil
 }
 
 // Snapshot returns a deep copy of the state.

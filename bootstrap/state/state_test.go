@@ -61,3 +61,28 @@ func TestPhaseOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestRead: what lab status reads: nothing yet, the saved nodes, or an
+// error that names the damaged file (not an empty state).
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	if s, err := Read(dir); err != nil || len(s.Nodes) != 0 || s.Cluster != "" {
+		t.Errorf("no state yet: %+v, %v", s, err)
+	}
+	st, err := Open(dir, "lab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Update(func(s *State) { s.Nodes["cp1"] = &Node{Hostname: "cp1", Phase: Ready} }); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Read(dir); err != nil || s.Cluster != "lab" || s.Nodes["cp1"].Phase != Ready {
+		t.Errorf("saved state: %+v, %v", s, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, File), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, File)+" is damaged") {
+		t.Errorf("damaged file: %v", err)
+	}
+}
