@@ -18,8 +18,8 @@ import (
 // with a tiny initramfs and keeps KVM only if that kernel reaches
 // userspace: on nested hosts /dev/kvm can exist while real-mode firmware
 // and kernel code fail under it (DESIGN.md). The answer is cached per
-// kernel and QEMU.
-func chooseAccel(ctx context.Context, mode, kernel string) (string, error) {
+// kernel and QEMU in cacheDir.
+func chooseAccel(ctx context.Context, mode, kernel, cacheDir string) (string, error) {
 	switch mode {
 	case "tcg":
 		return "tcg", nil
@@ -38,7 +38,7 @@ func chooseAccel(ctx context.Context, mode, kernel string) (string, error) {
 		return "", err
 	}
 	key := sha256.Sum256(append(qv, k...))
-	cache := filepath.Join(cacheDir(), "lab", fmt.Sprintf("kvm-probe-%x", key[:8]))
+	cache := filepath.Join(cacheDir, "lab", fmt.Sprintf("kvm-probe-%x", key[:8]))
 	if v, err := os.ReadFile(cache); err == nil {
 		return strings.TrimSpace(string(v)), nil
 	}
@@ -86,15 +86,4 @@ func probeKVM(ctx context.Context, kernel string) bool {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	_ = cmd.Run()
 	return bytes.Contains(out.Bytes(), []byte(probeMarker))
-}
-
-func cacheDir() string {
-	if d := os.Getenv("COZY_CACHE_DIR"); d != "" {
-		return d
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = "/root"
-	}
-	return filepath.Join(home, ".cache", "cozy")
 }

@@ -35,6 +35,7 @@ import (
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/cachedir"
 	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/testing/clustertest"
@@ -258,15 +259,6 @@ func labKubectl(ctx context.Context, c *lab.Config, kubeconfig string) clusterte
 	}
 }
 
-// cacheDir is where make's builds are cached.
-func cacheDir() string {
-	if d := os.Getenv("COZY_CACHE_DIR"); d != "" {
-		return d
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "cozy")
-}
-
 // platformAccepted checks that the lab's API server accepts the platform
 // `cozyctl platform render` makes for the lab's rack: with the Flux CRDs
 // (at the versions of the Flux API Cozy imports) and the CRDs of the
@@ -431,11 +423,11 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) 
 		timeout = opts.nodesWait
 	}
 	res, err := lab.Up(ctx, c, lab.UpOptions{
-		Cozyctl: self,
+		Cozyctl: self, CacheDir: cachedir.Dir(),
 		Image: func(ctx context.Context) (kernelimage.Image, error) {
 			img, err := nodeimage.Build(ctx, nodeimage.Options{
 				NodeBinary: node, KernelDir: os.Getenv("COZY_BOOT_ASSETS"), KubernetesDir: os.Getenv("KUBEBUILDER_ASSETS"),
-				RuntimeDir: os.Getenv("COZY_NODE_ASSETS"), CacheDir: filepath.Join(cacheDir(), "lab", "images"),
+				RuntimeDir: os.Getenv("COZY_NODE_ASSETS"), CacheDir: filepath.Join(cachedir.Dir(), "lab", "images"),
 			})
 			if err != nil {
 				return kernelimage.Image{}, err

@@ -238,14 +238,14 @@ func TestMilestones(t *testing.T) {
 // the factory the lab names and fetches its kernel and initramfs into the
 // cache; the rack the bootstrap reads names the same factory.
 func TestTalosImage(t *testing.T) {
-	t.Setenv("COZY_CACHE_DIR", t.TempDir())
 	f := factorytest.Start(t)
 	c := Config{Name: "t", Dir: t.TempDir(), Image: "talos", Internet: true, Factory: f.URL}
 	if err := c.SetDefaults(); err != nil {
 		t.Fatal(err)
 	}
 	r := labRack(t, &c)
-	img, err := TalosImage(context.Background(), &c, f.HTTP)
+	cache := t.TempDir()
+	img, err := TalosImage(context.Background(), &c, f.HTTP, cache)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestTalosImage(t *testing.T) {
 	if r.Talos.Factory != f.URL {
 		t.Errorf("the rack's factory is %s, want the lab's %s", r.Talos.Factory, f.URL)
 	}
-	want := filepath.Join(os.Getenv("COZY_CACHE_DIR"), "talos", id, r.Talos.Version)
+	want := filepath.Join(cache, "talos", id, r.Talos.Version)
 	if img.Kernel != filepath.Join(want, "kernel-amd64") || len(img.Initrds) != 1 || img.Initrds[0] != filepath.Join(want, "initramfs-amd64.xz") {
 		t.Errorf("image %+v, want the assets under %s", img, want)
 	}

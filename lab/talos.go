@@ -14,10 +14,10 @@ import (
 // TalosImage is the node image of --image talos: the real Talos kernel
 // and initramfs for the lab rack's schematic and Talos version, from its
 // Image Factory (the schematic registered first, unless the rack names
-// an existing one), cached under $COZY_CACHE_DIR/talos. The netboot
-// server adds Talos's kernel arguments, as for any rack. hc nil means
+// an existing one), cached under cacheDir/talos. The netboot server adds
+// Talos's kernel arguments, as for any rack. hc nil means
 // http.DefaultClient.
-func TalosImage(ctx context.Context, c *Config, hc *http.Client) (kernelimage.Image, error) {
+func TalosImage(ctx context.Context, c *Config, hc *http.Client, cacheDir string) (kernelimage.Image, error) {
 	r, err := rack.Parse(c.Rack(), filepath.Join(c.Dir, RackFile), c.Dir)
 	if err != nil {
 		return kernelimage.Image{}, fmt.Errorf("the lab's rack: %w", err)
@@ -27,7 +27,7 @@ func TalosImage(ctx context.Context, c *Config, hc *http.Client) (kernelimage.Im
 	if err != nil {
 		return kernelimage.Image{}, err
 	}
-	fc := &imagefactory.Client{URL: r.Talos.Factory, HTTP: hc, Cache: filepath.Join(cacheDir(), "talos")}
+	fc := &imagefactory.Client{URL: r.Talos.Factory, HTTP: hc, Cache: filepath.Join(cacheDir, "talos")}
 	if s.ID == "" {
 		doc, err := s.SchematicDocument()
 		if err != nil {

@@ -40,6 +40,9 @@ type UpOptions struct {
 	// (hack/lab-images.sh), which the lab's registry serves. Nil for a
 	// lab of real Talos, which pulls from the internet.
 	Images func(ctx context.Context) (string, error)
+	// CacheDir keeps what the lab learns once per kernel and QEMU (the
+	// KVM probe's answer); cozyctl gives internal/cachedir's.
+	CacheDir string
 	// Stderr receives the bootstrap's progress.
 	Stderr io.Writer
 	// Timeout bounds each bootstrap wait (cozyctl bootstrap --timeout).
@@ -131,7 +134,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	if err := step("node image", func() (err error) { img, err = o.Image(ctx); return err }); err != nil {
 		return res, err
 	}
-	if err := step("accelerator", func() (err error) { res.Accel, err = chooseAccel(ctx, c.Accel, img.Kernel); return err }); err != nil {
+	if err := step("accelerator", func() (err error) { res.Accel, err = chooseAccel(ctx, c.Accel, img.Kernel, o.CacheDir); return err }); err != nil {
 		return res, err
 	}
 	res.NodeServices = c.runsNodeServices(res.Accel)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/internal/cachedir"
 	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
@@ -70,7 +71,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			o := lab.UpOptions{
-				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(), NoBootstrap: noBootstrap,
+				Cozyctl: self, Stderr: g.stderr, Timeout: timeout, Log: g.Logger(), NoBootstrap: noBootstrap, CacheDir: cachedir.Dir(),
 				Image: func(ctx context.Context) (kernelimage.Image, error) { return labImage(ctx, &c, g.stderr) },
 			}
 			if c.Image != "talos" {
@@ -239,7 +240,7 @@ func newLabConsoleCommand(g *Globals, load func() (*lab.Config, error)) *cobra.C
 // progress on stderr).
 func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (kernelimage.Image, error) {
 	if c.Image == "talos" {
-		return lab.TalosImage(ctx, c, nil)
+		return lab.TalosImage(ctx, c, nil, cachedir.Dir())
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -249,7 +250,7 @@ func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (kernelima
 	if _, err := os.Stat(node); err != nil {
 		return kernelimage.Image{}, fmt.Errorf("the emulated node binary: %w (make build writes it next to cozyctl)", err)
 	}
-	o := nodeimage.Options{NodeBinary: node, CacheDir: filepath.Join(cacheDir(), "lab", "images")}
+	o := nodeimage.Options{NodeBinary: node, CacheDir: filepath.Join(cachedir.Dir(), "lab", "images")}
 	for _, b := range []struct {
 		dir    *string
 		script string
@@ -263,19 +264,6 @@ func labImage(ctx context.Context, c *lab.Config, progress io.Writer) (kernelima
 		return kernelimage.Image{}, err
 	}
 	return kernelimage.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
-}
-
-// cacheDir is where builds are cached: $COZY_CACHE_DIR, default
-// ~/.cache/cozy, as hack's scripts and make use it.
-func cacheDir() string {
-	if d := os.Getenv("COZY_CACHE_DIR"); d != "" {
-		return d
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = "/root"
-	}
-	return filepath.Join(home, ".cache", "cozy")
 }
 
 func newLabKubectlCommand(g *Globals, load func() (*lab.Config, error)) *cobra.Command {
