@@ -1,7 +1,6 @@
 package talosnode_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
+	"cozy.dev/cozy/internal/testing/syncbuf"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
@@ -52,27 +51,10 @@ func loopbackAddress(t testing.TB) netip.Addr {
 	return netip.Addr{}
 }
 
-// testLog collects a node's log and prints it if the test fails; nodes
-// log from goroutines that may outlive a t.Log call's test.
-type testLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *testLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *testLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
+// nodeLogger collects a node's log and prints it if the test fails;
+// nodes log from goroutines that may outlive a t.Log call's test.
 func nodeLogger(t testing.TB, name string) *slog.Logger {
-	l := &testLog{}
+	l := &syncbuf.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log of node %s:\n%s", name, l)
