@@ -74,99 +74,119 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 		st.KubeconfigSecretRef = nil
 	}
 
-	// The control plane.
-	cpReady := cp.Ready && cp.Status == tc.Spec.Version
-	switch {
-	case cpReady:
-		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
-			Message: "the control plane runs " + cp.Status})
-	case cp.Status != "" && cp.Status != tc.Spec.Version:
-		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
-			Message: upgradeMessage(cp, v, tc.Spec.Version)})
-	default:
-		reason, msg := ReasonProvisioning, "waiting for the Kamaji control plane to become ready"
-		if cp.Initialized {
-			reason, msg = ReasonUnavailable, "the Kamaji control plane is not ready"
-		}
-		if c := clusterCondition(o.Cluster, clusterv1.ClusterControlPlaneAvailableCondition); c != nil && c.Status != metav1.ConditionTrue && c.Message != "" {
-			msg += ": " + firstLine(c.Message)
-		}
-		set(metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	}
+	set(controlPlaneCondition(tc, o, v, cp))
+	workers := observeWorkers(tc, o)
+	st.ReadyWorkers, st.DesiredWorkers = workers.ready, workers.desired
+	st.Workers = fmt.Sprintf("%d/%d", workers.ready, workers.desired)
+	set(workers.condition(tc))
+	setAddonsCondition(set, o, addons)
+	ready := readyCondition(st.Conditions)
+	set(ready)
+	st.Phase = phase(tc, st.Phase, ready.Status == metav1.ConditionTrue, workers.upgrading, cp)
+	return st
+}
 
-	// The workers.
-	var ready, desired int32
-	var behind []string
-	upgrading := false
+// controlPlaneCondition is ControlPlaneReady: the Kamaji control plane
+// ready at the TenantCluster's version, upgrading to it, or why not.
+func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp controlPlaneState) metav1.Condition {
+	switch {
+	case cp.Ready && cp.Status == tc.Spec.Version:
+		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
+			Message: "the control plane runs " + cp.Status}
+	case cp.Status != "" && cp.Status != tc.Spec.Version:
+		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
+			Message: upgradeMessage(cp, v, tc.Spec.Version)}
+	}
+	reason, msg := ReasonProvisioning, "waiting for the Kamaji control plane to become ready"
+	if cp.Initialized {
+		reason, msg = ReasonUnavailable, "the Kamaji control plane is not ready"
+	}
+	if c := clusterCondition(o.Cluster, clusterv1.ClusterControlPlaneAvailableCondition); c != nil && c.Status != metav1.ConditionTrue && c.Message != "" {
+		msg += ": " + firstLine(c.Message)
+	}
+	return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
+}
+
+// workers is what the MachineDeployments say about the node groups.
+type workers struct {
+	ready, desired int32
+	// behind are the groups not ready at the TenantCluster's version,
+	// each with why; upgrading is true when one is at another version.
+	behind    []string
+	upgrading bool
+}
+
+func observeWorkers(tc *v1.TenantCluster, o Observed) workers {
+	var w workers
 	for _, g := range tc.Spec.NodeGroups {
 		md := o.MachineDeployments[g.Name]
 		want := groupDesired(g, md)
-		desired += want
+		w.desired += want
 		if md == nil {
-			behind = append(behind, g.Name+" (not created)")
+			w.behind = append(w.behind, g.Name+" (not created)")
 			continue
 		}
 		r := ptr.Deref(md.Status.ReadyReplicas, 0)
-		ready += min(r, want)
+		w.ready += min(r, want)
 		if md.Spec.Template.Spec.Version != tc.Spec.Version {
-			upgrading = true
-			behind = append(behind, fmt.Sprintf("%s (at %s)", g.Name, md.Spec.Template.Spec.Version))
+			w.upgrading = true
+			w.behind = append(w.behind, fmt.Sprintf("%s (at %s)", g.Name, md.Spec.Template.Spec.Version))
 		} else if r < want || rolling(md) {
-			behind = append(behind, fmt.Sprintf("%s (%d/%d ready)", g.Name, r, want))
+			w.behind = append(w.behind, fmt.Sprintf("%s (%d/%d ready)", g.Name, r, want))
 		}
 	}
-	st.ReadyWorkers, st.DesiredWorkers = ready, desired
-	st.Workers = fmt.Sprintf("%d/%d", ready, desired)
+	return w
+}
+
+// condition is WorkersReady.
+func (w workers) condition(tc *v1.TenantCluster) metav1.Condition {
 	switch {
 	case len(tc.Spec.NodeGroups) == 0:
-		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonNoNodeGroups, Message: "the cluster has no node groups"})
-	case len(behind) == 0:
-		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
-			Message: fmt.Sprintf("%d/%d workers ready", ready, desired)})
-	case upgrading:
-		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
-			Message: "node groups not yet at " + tc.Spec.Version + ": " + strings.Join(behind, ", ")})
-	default:
-		set(metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonScaling,
-			Message: fmt.Sprintf("%d/%d workers ready; waiting for %s", ready, desired, strings.Join(behind, ", "))})
+		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonNoNodeGroups, Message: "the cluster has no node groups"}
+	case len(w.behind) == 0:
+		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
+			Message: fmt.Sprintf("%d/%d workers ready", w.ready, w.desired)}
+	case w.upgrading:
+		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
+			Message: "node groups not yet at " + tc.Spec.Version + ": " + strings.Join(w.behind, ", ")}
 	}
+	return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonScaling,
+		Message: fmt.Sprintf("%d/%d workers ready; waiting for %s", w.ready, w.desired, strings.Join(w.behind, ", "))}
+}
 
-	// The add-ons.
-	setAddonsCondition(set, o, addons)
-
-	// Ready and the phase.
-	all := true
+// readyCondition is Ready: true when the control plane, the workers and
+// the add-ons are, else what each of those that is not says.
+func readyCondition(conds []metav1.Condition) metav1.Condition {
+	all, not := true, []string{}
 	for _, t := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady, v1.ConditionAddonsReady} {
-		if !apimeta.IsStatusConditionTrue(st.Conditions, t) {
+		c := apimeta.FindStatusCondition(conds, t)
+		if c == nil || c.Status != metav1.ConditionTrue {
 			all = false
 		}
-	}
-	switch {
-	case all:
-		set(metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable, Message: "the cluster is ready"})
-	default:
-		var not []string
-		for _, t := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady, v1.ConditionAddonsReady} {
-			if c := apimeta.FindStatusCondition(st.Conditions, t); c != nil && c.Status != metav1.ConditionTrue {
-				not = append(not, t+": "+c.Message)
-			}
+		if c != nil && c.Status != metav1.ConditionTrue {
+			not = append(not, t+": "+c.Message)
 		}
-		set(metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotReady, Message: strings.Join(not, "; ")})
 	}
+	if all {
+		return metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable, Message: "the cluster is ready"}
+	}
+	return metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotReady, Message: strings.Join(not, "; ")}
+}
+
+// phase is the one-word summary, from the phase before.
+func phase(tc *v1.TenantCluster, before v1.Phase, ready, workersUpgrading bool, cp controlPlaneState) v1.Phase {
 	switch {
 	case !tc.DeletionTimestamp.IsZero():
-		st.Phase = v1.PhaseDeleting
-	case all:
-		st.Phase = v1.PhaseReady
-	case upgrading || (cp.Status != "" && cp.Status != tc.Spec.Version):
-		st.Phase = v1.PhaseUpgrading
-	case !cp.Initialized || st.Phase == "" || st.Phase == v1.PhaseProvisioning:
+		return v1.PhaseDeleting
+	case ready:
+		return v1.PhaseReady
+	case workersUpgrading || (cp.Status != "" && cp.Status != tc.Spec.Version):
+		return v1.PhaseUpgrading
+	case !cp.Initialized || before == "" || before == v1.PhaseProvisioning:
 		// Until it has once been ready, a cluster is still being made.
-		st.Phase = v1.PhaseProvisioning
-	default:
-		st.Phase = v1.PhaseDegraded
+		return v1.PhaseProvisioning
 	}
-	return st
+	return v1.PhaseDegraded
 }
 
 func upgradeMessage(cp controlPlaneState, v Versions, want string) string {
