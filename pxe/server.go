@@ -666,33 +666,60 @@ func (s *server) tftpSent(name string, ip netip.Addr) {
 	s.advance("", ip, inventory.PhaseIPXEBinary)
 }
 
-// run opens every socket, then serves until ctx ends.
-func (s *server) run(ctx context.Context) error {
-	cfg, log := s.cfg, s.log
-	// Open every socket before serving any, so a port in use fails fast.
-	dhcpConn, err := server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortDHCP})
-	if err != nil {
-		return fmt.Errorf("listen for DHCP on %s:67 (needs root or CAP_NET_BIND_SERVICE+CAP_NET_RAW): %w", cfg.Interface, err)
+// sockets are the server's listening sockets.
+type sockets struct {
+	dhcp, pxe *net.UDPConn
+	tftp      net.PacketConn
+	http      net.Listener
+}
+
+// listen opens every socket before any is served, so a port in use fails
+// fast; on an error it closes those it opened.
+func (s *server) listen() (_ *sockets, err error) {
+	cfg := s.cfg
+	ls := &sockets{}
+	defer func() {
+		if err != nil {
+			ls.close()
+		}
+	}()
+	if ls.dhcp, err = server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortDHCP}); err != nil {
+		return nil, fmt.Errorf("listen for DHCP on %s:67 (needs root or CAP_NET_BIND_SERVICE+CAP_NET_RAW): %w", cfg.Interface, err)
 	}
-	defer dhcpConn.Close()
 	// A rack powering on at once is a burst of DISCOVERs: queue them
 	// rather than drop them while the previous ones are answered.
-	_ = dhcpConn.SetReadBuffer(4 << 20)
-	pxeConn, err := server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortPXE})
-	if err != nil {
-		return fmt.Errorf("listen for PXE on %s:4011: %w", cfg.Interface, err)
+	_ = ls.dhcp.SetReadBuffer(4 << 20)
+	if ls.pxe, err = server4.NewIPv4UDPConn(cfg.Interface, &net.UDPAddr{Port: dhcp.PortPXE}); err != nil {
+		return nil, fmt.Errorf("listen for PXE on %s:4011: %w", cfg.Interface, err)
 	}
-	defer pxeConn.Close()
-	tftpConn, err := net.ListenPacket("udp4", netip.AddrPortFrom(cfg.ServerIP, 69).String())
-	if err != nil {
-		return fmt.Errorf("listen for TFTP on %s:69: %w", cfg.ServerIP, err)
+	if ls.tftp, err = net.ListenPacket("udp4", netip.AddrPortFrom(cfg.ServerIP, 69).String()); err != nil {
+		return nil, fmt.Errorf("listen for TFTP on %s:69: %w", cfg.ServerIP, err)
 	}
-	defer tftpConn.Close()
-	httpLn, err := net.Listen("tcp4", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort)).String())
-	if err != nil {
-		return fmt.Errorf("listen for HTTP on %s:%d: %w", cfg.ServerIP, cfg.HTTPPort, err)
+	if ls.http, err = net.Listen("tcp4", netip.AddrPortFrom(cfg.ServerIP, uint16(cfg.HTTPPort)).String()); err != nil {
+		return nil, fmt.Errorf("listen for HTTP on %s:%d: %w", cfg.ServerIP, cfg.HTTPPort, err)
 	}
-	httpSrv := &http.Server{
+	return ls, nil
+}
+
+// close closes what is open; closing twice is harmless.
+func (ls *sockets) close() {
+	if ls.dhcp != nil {
+		_ = ls.dhcp.Close()
+	}
+	if ls.pxe != nil {
+		_ = ls.pxe.Close()
+	}
+	if ls.tftp != nil {
+		_ = ls.tftp.Close()
+	}
+	if ls.http != nil {
+		_ = ls.http.Close()
+	}
+}
+
+// httpServer serves the boot script, machine configs and boot files.
+func (s *server) httpServer() *http.Server {
+	return &http.Server{
 		Handler: s.met.handler((&httpboot.Server{
 			Script:        s.script,
 			MachineConfig: s.machineConfig,
@@ -700,10 +727,36 @@ func (s *server) run(ctx context.Context) error {
 			OnFetch:       s.fetched,
 			Assets:        s.assets,
 			BootFiles:     s.bootFiles,
-			Log:           log.With("service", "http"),
+			Log:           s.log.With("service", "http"),
 		}).Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
+}
+
+// commitLeases makes the ACKs of a batch wait until their leases are on
+// disk, and times that wait (cozy_pxe_lease_journal_sync_seconds).
+// Without a lease store (proxy mode) there is nothing to wait for.
+func (s *server) commitLeases() func(lease.Seq) error {
+	if s.leases == nil {
+		return func(lease.Seq) error { return nil }
+	}
+	return func(seq lease.Seq) error {
+		start := time.Now()
+		err := s.leases.Sync(seq)
+		s.met.journalSync.Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+// run opens every socket, then serves until ctx ends.
+func (s *server) run(ctx context.Context) error {
+	cfg, log := s.cfg, s.log
+	ls, err := s.listen()
+	if err != nil {
+		return err
+	}
+	defer ls.close()
+	httpSrv := s.httpServer()
 
 	attrs := []any{"interface", cfg.Interface, "ip", cfg.ServerIP, "http", s.base,
 		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs)}
@@ -724,35 +777,26 @@ func (s *server) run(ctx context.Context) error {
 			}
 		})
 	}
-	dhcpLog := log.With("service", "dhcp")
-	commit := func(lease.Seq) error { return nil }
-	if s.leases != nil {
-		commit = func(seq lease.Seq) error {
-			start := time.Now()
-			err := s.leases.Sync(seq)
-			s.met.journalSync.Observe(time.Since(start).Seconds())
-			return err
-		}
-	}
+	dhcpLog, commit := log.With("service", "dhcp"), s.commitLeases()
 	for _, l := range []struct {
 		name string
 		conn *net.UDPConn
 		port int
-	}{{"dhcp", dhcpConn, dhcp.PortDHCP}, {"pxe", pxeConn, dhcp.PortPXE}} {
+	}{{"dhcp", ls.dhcp, dhcp.PortDHCP}, {"pxe", ls.pxe, dhcp.PortPXE}} {
 		d := &dhcpServer{conn: l.conn, port: l.port, decider: s.responder, commit: commit, sighted: s.sighted, log: dhcpLog}
 		run(l.name, func() error { return d.serve(ctx) })
 	}
 	run("tftp", func() error {
 		return (&tftp.Server{Files: s.bootFiles, Log: log.With("service", "tftp"), OnSent: s.tftpSent,
 			OnFailed: func() { s.met.tftpTransfer.WithLabelValues("failed").Inc() },
-		}).Serve(ctx, tftpConn)
+		}).Serve(ctx, ls.tftp)
 	})
 	run("inventory", func() error { return s.inv.Run(ctx, time.Second) })
 	if s.leases != nil {
-		run("leases", func() error { s.compactLeases(ctx, log.With("service", "dhcp")); return nil })
+		run("leases", func() error { s.compactLeases(ctx, dhcpLog); return nil })
 	}
 	run("http", func() error {
-		if err := httpSrv.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
+		if err := httpSrv.Serve(ls.http); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -763,8 +807,9 @@ func (s *server) run(ctx context.Context) error {
 	shutdownCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 	defer stop()
 	_ = httpSrv.Shutdown(shutdownCtx)
-	dhcpConn.Close()
-	pxeConn.Close()
+	// The DHCP servers block in a read: closing their sockets ends it.
+	ls.dhcp.Close()
+	ls.pxe.Close()
 	wg.Wait()
 	close(errs)
 	var all []error
