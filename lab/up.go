@@ -116,18 +116,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		}
 		return nil
 	}
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
-		return nil, err
-	}
-	cfgJSON, _ := json.MarshalIndent(c, "", "  ")
-	if err := os.WriteFile(filepath.Join(c.Dir, ConfigFile), append(cfgJSON, '\n'), 0o644); err != nil {
-		return nil, err
-	}
-	if err := c.writeBMCCredentials(); err != nil {
-		return nil, err
-	}
-	rackPath := filepath.Join(c.Dir, RackFile)
-	if err := os.WriteFile(rackPath, c.Rack(), 0o644); err != nil {
+	if err := c.writeFiles(); err != nil {
 		return nil, err
 	}
 	var img kernelimage.Image
@@ -146,31 +135,14 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		}
 	}
 	machines := c.Machines()
-	if err := step("network", func() error {
-		if err := createNetwork(ctx, c.Name, machines); err != nil {
-			return err
-		}
-		if c.Internet {
-			return enableInternet(ctx, c.Name, "")
-		}
-		return nil
-	}); err != nil {
+	if err := step("network", func() error { return c.startNetwork(ctx, machines) }); err != nil {
 		return res, err
 	}
 	if err := startRouterAdvertiser(ctx, c.Name, c.Dir); err != nil {
 		o.Log.Warn("lab: no IPv6 router advertisements", "err", err)
 	}
 	if o.Images != nil && res.NodeServices {
-		if err := step("registry mirror", func() error {
-			layout, err := o.Images(ctx)
-			if err != nil {
-				return err
-			}
-			if err := c.startRegistry(ctx, o.Cozyctl); err != nil {
-				return err
-			}
-			return c.mirrorImages(ctx, o.Cozyctl, layout, o.Stderr)
-		}); err != nil {
+		if err := step("registry mirror", func() error { return c.startMirror(ctx, o) }); err != nil {
 			return res, err
 		}
 	}
@@ -184,25 +156,9 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		res.Total = time.Since(start).Round(10 * time.Millisecond)
 		return res, nil
 	}
-	args := append(c.BootstrapArgs(img), "-o", "json")
-	if o.Timeout > 0 {
-		args = append(args, "--timeout", o.Timeout.String())
-	}
-	err := step("bootstrap", func() error {
-		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace(c.Name), o.Cozyctl}, args...)...)
-		cmd.Stderr = o.Stderr
-		events, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		res.Milestones = milestones(events, time.Since(start), len(machines))
-		if err := cmd.Wait(); err != nil {
-			return fmt.Errorf("cozyctl bootstrap: %w (serial logs: cozyctl lab console NODE --name %s)", err, c.Name)
-		}
-		return nil
+	err := step("bootstrap", func() (err error) {
+		res.Milestones, err = c.runBootstrap(ctx, o, img, start, len(machines))
+		return err
 	})
 	kubeconfig := filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
 	if err == nil && res.NodeServices {
@@ -215,18 +171,89 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		})
 	}
 	res.Total = time.Since(start).Round(10 * time.Millisecond)
-	for _, m := range machines {
-		if pid := c.vmPID(m); pid != 0 {
-			if cpu, err := procstat.CPU(pid); err == nil {
-				res.VMCPU = append(res.VMCPU, VMCPU{Machine: m.Name, Firmware: string(m.Firmware), Role: m.Role, CPU: cpu})
-			}
-		}
-	}
+	res.VMCPU = c.vmCPU(machines)
 	if err != nil {
 		return res, err
 	}
 	res.Kubeconfig = kubeconfig
 	return res, nil
+}
+
+// writeFiles writes the lab's directory: its config (lab.json), the
+// BMCs' credentials and the rack file.
+func (c *Config) writeFiles() error {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return err
+	}
+	cfgJSON, _ := json.MarshalIndent(c, "", "  ")
+	if err := os.WriteFile(filepath.Join(c.Dir, ConfigFile), append(cfgJSON, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := c.writeBMCCredentials(); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.Dir, RackFile), c.Rack(), 0o644)
+}
+
+// startNetwork makes the lab's namespace, bridge and taps, and its way
+// out with --internet.
+func (c *Config) startNetwork(ctx context.Context, machines []Machine) error {
+	if err := createNetwork(ctx, c.Name, machines); err != nil {
+		return err
+	}
+	if c.Internet {
+		return enableInternet(ctx, c.Name, "")
+	}
+	return nil
+}
+
+// startMirror starts the lab's registry and fills it with the images
+// the nodes pull.
+func (c *Config) startMirror(ctx context.Context, o UpOptions) error {
+	layout, err := o.Images(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.startRegistry(ctx, o.Cozyctl); err != nil {
+		return err
+	}
+	return c.mirrorImages(ctx, o.Cozyctl, layout, o.Stderr)
+}
+
+// runBootstrap runs `cozyctl bootstrap` inside the lab's namespace and
+// returns when its events say the last machine reached each milestone.
+func (c *Config) runBootstrap(ctx context.Context, o UpOptions, img kernelimage.Image, start time.Time, machines int) ([]Milestone, error) {
+	args := append(c.BootstrapArgs(img), "-o", "json")
+	if o.Timeout > 0 {
+		args = append(args, "--timeout", o.Timeout.String())
+	}
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Namespace(c.Name), o.Cozyctl}, args...)...)
+	cmd.Stderr = o.Stderr
+	events, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ms := milestones(events, time.Since(start), machines)
+	if err := cmd.Wait(); err != nil {
+		return ms, fmt.Errorf("cozyctl bootstrap: %w (serial logs: cozyctl lab console NODE --name %s)", err, c.Name)
+	}
+	return ms, nil
+}
+
+// vmCPU is the CPU time each running VM's QEMU has used.
+func (c *Config) vmCPU(machines []Machine) []VMCPU {
+	var out []VMCPU
+	for _, m := range machines {
+		if pid := c.vmPID(m); pid != 0 {
+			if cpu, err := procstat.CPU(pid); err == nil {
+				out = append(out, VMCPU{Machine: m.Name, Firmware: string(m.Firmware), Role: m.Role, CPU: cpu})
+			}
+		}
+	}
+	return out
 }
 
 // milestones reads bootstrap's JSON events until they end and returns when
