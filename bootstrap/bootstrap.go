@@ -111,6 +111,23 @@ type run struct {
 // the written kubeconfig, or with the first error that stops it; rerun it
 // to continue from the state dir.
 func Run(ctx context.Context, opts Options) (*Result, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	b, talosconfigPath, err := openRun(opts)
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := b.installAll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return b.finish(kubeconfig, talosconfigPath)
+}
+
+// withDefaults fills in what opts leaves out, and refuses what it cannot.
+func (opts Options) withDefaults() (Options, error) {
 	if opts.Parallel <= 0 {
 		opts.Parallel = 8
 	}
@@ -127,23 +144,30 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	if opts.Inventory == nil {
-		return nil, errors.New("no inventory: bootstrap finds machines through the netboot server")
+		return opts, errors.New("no inventory: bootstrap finds machines through the netboot server")
 	}
+	return opts, nil
+}
+
+// openRun loads the state dir (or starts it), writes the Talos configs and
+// records every machine of the rack as pending unless the state already
+// has it; it returns the run and the talosconfig's path.
+func openRun(opts Options) (*run, string, error) {
 	r := opts.Rack
 	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	st, err := state.Open(opts.StateDir, r.Metadata.Name)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	w, err := talosconfig.Write(r, filepath.Join(opts.StateDir, TalosDir))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	tc, err := clientconfig.Open(w.Talosconfig)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	b := &run{opts: opts, st: st, start: time.Now(), tc: tc, configs: w.Configs, sem: make(chan struct{}, opts.Parallel)}
 	if err := st.Update(func(s *state.State) {
@@ -156,15 +180,20 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			}
 		}
 	}); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	for _, m := range r.Machines {
 		b.emit(m.Hostname, "")
 	}
+	return b, w.Talosconfig, nil
+}
 
-	// Every machine installs in parallel, control planes first. etcd is
-	// bootstrapped once every machine has taken its config and every
-	// control plane is installed (etcdGate), while workers finish.
+// installAll installs every machine in parallel, control planes first,
+// and bootstraps etcd once every machine has taken its config and every
+// control plane is installed (etcdGate), while workers finish. It
+// returns the kubeconfig's path, or every error that stopped a machine.
+func (b *run) installAll(ctx context.Context) (string, error) {
+	r := b.opts.Rack
 	var hosts, cps []string
 	for _, m := range r.Machines {
 		hosts = append(hosts, m.Hostname)
@@ -211,10 +240,13 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	for err := range errs {
 		all = append(all, err)
 	}
-	if len(all) > 0 {
-		return nil, errors.Join(all...)
-	}
+	return kubeconfig, errors.Join(all...)
+}
 
+// finish marks the cluster and every node Ready in the state, and
+// reports them.
+func (b *run) finish(kubeconfig, talosconfigPath string) (*Result, error) {
+	r, st := b.opts.Rack, b.st
 	if err := st.Update(func(s *state.State) {
 		s.Kubeconfig = kubeconfig
 		s.Finished = time.Now()
@@ -226,7 +258,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}); err != nil {
 		return nil, err
 	}
-	res := &Result{Kubeconfig: kubeconfig, Talosconfig: w.Talosconfig, EtcdBootstrapped: st.Snapshot().EtcdBootstrapped}
+	res := &Result{Kubeconfig: kubeconfig, Talosconfig: talosconfigPath, EtcdBootstrapped: st.Snapshot().EtcdBootstrapped}
 	for _, m := range r.Machines {
 		b.emit(m.Hostname, "")
 		res.Nodes = append(res.Nodes, st.Node(m.Hostname))
