@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -126,6 +127,52 @@ func (t mirrorTable) Rows() [][]string {
 
 var _ output.Tabular = mirrorTable{}
 
+// mirrorSource is where `images mirror` copies from (the layout in from,
+// else the upstream registries) and what: with a layout and no rack,
+// all of it; else what the rack (or the example rack) needs.
+func mirrorSource(g *Globals, from, rackFile string) (images.Source, []string, error) {
+	var src images.Source = &images.Upstream{}
+	if from != "" {
+		l, err := images.OpenLayout(from)
+		if err != nil {
+			return nil, nil, err
+		}
+		if rackFile == "" {
+			// A bundle without a rack: all of it.
+			return l, l.Refs(), nil
+		}
+		src = l
+	}
+	r, err := loadRackOrExample(g, rackFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := images.ForRack(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, n := range l.NotListed {
+		g.Logger().Warn("images not listed, so not mirrored: upstream content", "source", n)
+	}
+	return src, l.Refs(), nil
+}
+
+// mirrorProgress logs each image's progress.
+func mirrorProgress(log *slog.Logger) func(images.Result) {
+	return func(r images.Result) {
+		switch r.Status {
+		case images.StatusCopying:
+			log.Info("copying", "image", r.Image, "to", r.Target)
+		case images.StatusCopied:
+			log.Info("copied", "image", r.Image, "digest", r.Digest)
+		case images.StatusPresent:
+			log.Info("already in the registry", "image", r.Image, "digest", r.Digest)
+		case images.StatusFailed:
+			log.Error("failed", "image", r.Image, "error", r.Error)
+		}
+	}
+}
+
 func newImagesMirrorCommand(g *Globals) *cobra.Command {
 	var (
 		rackFile, to, from string
@@ -168,32 +215,9 @@ registry, 'cozyctl registry serve').`,
 			case strings.Contains(to, "://"):
 				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
 			}
-			var src images.Source = &images.Upstream{}
-			var refs []string
-			if from != "" {
-				l, err := images.OpenLayout(from)
-				if err != nil {
-					return err
-				}
-				src = l
-				if rackFile == "" {
-					// A bundle without a rack: all of it.
-					refs = l.Refs()
-				}
-			}
-			if refs == nil {
-				r, err := loadRackOrExample(g, rackFile)
-				if err != nil {
-					return err
-				}
-				l, err := images.ForRack(r)
-				if err != nil {
-					return err
-				}
-				for _, n := range l.NotListed {
-					g.Logger().Warn("images not listed, so not mirrored: upstream content", "source", n)
-				}
-				refs = l.Refs()
+			src, refs, err := mirrorSource(g, from, rackFile)
+			if err != nil {
+				return err
 			}
 			log := g.Logger()
 			log.Info("mirroring", "images", len(refs), "from", src.String(), "to", to)
@@ -204,18 +228,7 @@ registry, 'cozyctl registry serve').`,
 				Insecure: insecure,
 				Source:   src,
 				Refs:     refs,
-				Progress: func(r images.Result) {
-					switch r.Status {
-					case images.StatusCopying:
-						log.Info("copying", "image", r.Image, "to", r.Target)
-					case images.StatusCopied:
-						log.Info("copied", "image", r.Image, "digest", r.Digest)
-					case images.StatusPresent:
-						log.Info("already in the registry", "image", r.Image, "digest", r.Digest)
-					case images.StatusFailed:
-						log.Error("failed", "image", r.Image, "error", r.Error)
-					}
-				},
+				Progress: mirrorProgress(log),
 			})
 			counts := map[string]int{}
 			for _, r := range results {
