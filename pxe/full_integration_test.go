@@ -230,7 +230,7 @@ func TestFullModeAckedLeasesSurvivePowerLoss(t *testing.T) {
 				taken[ip] = true
 			}
 			for j := range 10 {
-				ip, err := store.Offer(fmt.Sprintf("52:54:00:bb:00:%02x", j), netip.Addr{})
+				ip, err := store.Network(0).Offer(fmt.Sprintf("52:54:00:bb:00:%02x", j), netip.Addr{})
 				if err == nil && taken[ip.String()] {
 					t.Errorf("cut %d: after the power came back, %s (ACKed before the cut) is offered to a newcomer", i, ip)
 				}
@@ -298,7 +298,7 @@ func (l *loadRelay) load(seq int) (acks <-chan [2]string, stop func() <-chan [2]
 func openAckedLeases(t *testing.T, label, state string, acked map[string]string) *lease.Store {
 	t.Helper()
 	pool, _ := lease.ParsePool("10.77.0.10-10.77.0.250")
-	store, err := lease.Open(state, pool, nil, nil)
+	store, err := lease.Open(state, []lease.Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatalf("%s: journal: %v", label, err)
 	}

@@ -480,7 +480,7 @@ func newServer(cfg Config) (*server, error) {
 			}
 			n.Reservations[mac] = ip
 		}
-		if s.leases, err = lease.OpenNetworks(cfg.StateDir, nets, nil); err != nil {
+		if s.leases, err = lease.Open(cfg.StateDir, nets, nil); err != nil {
 			return nil, err
 		}
 		full := dhcp.FullConfig{

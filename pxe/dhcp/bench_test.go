@@ -44,7 +44,7 @@ func BenchmarkFullDORA(b *testing.B) {
 func BenchmarkFullDORABatch(b *testing.B) {
 	const batch = 64
 	f, dora := benchFull(b)
-	store := f.cfg.Leases
+	store := f.cfg.Networks[0].Leases
 	var wire []byte
 	b.ReportAllocs()
 	var reqs [][]byte
@@ -81,15 +81,15 @@ var reqIPAt int
 
 func benchFull(b *testing.B) (*Full, func(i int) (disc, req []byte)) {
 	pool, _ := lease.ParsePool("10.0.0.1-10.255.255.254")
-	store, err := lease.Open(b.TempDir(), pool, nil, nil)
+	store, err := lease.Open(b.TempDir(), []lease.Network{{Pool: pool}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { store.Close() })
 	f, err := NewFull(FullConfig{
-		Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true }, Leases: store,
-		Subnet: netip.MustParsePrefix("10.0.0.0/8"), LeaseTime: time.Hour,
-		Routers: []netip.Addr{netip.MustParseAddr("10.8.0.254")}, DNS: []netip.Addr{netip.MustParseAddr("10.8.0.53")},
+		Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true }, LeaseTime: time.Hour,
+		Networks: []Network{{Subnet: netip.MustParsePrefix("10.0.0.0/8"), Leases: store.Network(0),
+			Routers: []netip.Addr{netip.MustParseAddr("10.8.0.254")}, DNS: []netip.Addr{netip.MustParseAddr("10.8.0.53")}}},
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -47,13 +47,7 @@ type FullConfig struct {
 	// not). Nil gives nobody one.
 	AllowAddress func(mac net.HardwareAddr) bool
 	// Networks are the networks served; their subnets must not overlap.
-	Networks []Network
-	// Subnet, Routers, DNS and Leases, when Leases is set, are one more
-	// network, first: the shorthand for a server of one.
-	Subnet    netip.Prefix
-	Routers   []netip.Addr
-	DNS       []netip.Addr
-	Leases    Leases
+	Networks  []Network
 	LeaseTime time.Duration
 }
 
@@ -107,9 +101,6 @@ func NewFull(cfg FullConfig) (*Full, error) {
 		return nil, fmt.Errorf("lease time %v: at least a minute", cfg.LeaseTime)
 	}
 	nets := cfg.Networks
-	if cfg.Leases != nil {
-		nets = append([]Network{{Subnet: cfg.Subnet, Routers: cfg.Routers, DNS: cfg.DNS, Leases: cfg.Leases}}, nets...)
-	}
 	if len(nets) == 0 {
 		return nil, errors.New("full mode needs an address pool")
 	}

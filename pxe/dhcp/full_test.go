@@ -27,7 +27,7 @@ func newFull(t *testing.T, pool string) (*Full, *lease.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := lease.Open(t.TempDir(), p, nil, nil)
+	store, err := lease.Open(t.TempDir(), []lease.Network{{Pool: p}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +35,13 @@ func newFull(t *testing.T, pool string) (*Full, *lease.Store) {
 	f, err := NewFull(FullConfig{
 		Boot:         testConfig(),
 		AllowAddress: func(mac net.HardwareAddr) bool { return !bytes.Equal(mac, strangerMAC) },
-		Leases:       store,
-		Subnet:       netip.MustParsePrefix("10.8.0.0/24"),
-		Routers:      []netip.Addr{netip.MustParseAddr("10.8.0.254")},
-		DNS:          []netip.Addr{netip.MustParseAddr("10.8.0.53")},
-		LeaseTime:    time.Hour,
+		Networks: []Network{{
+			Subnet:  netip.MustParsePrefix("10.8.0.0/24"),
+			Routers: []netip.Addr{netip.MustParseAddr("10.8.0.254")},
+			DNS:     []netip.Addr{netip.MustParseAddr("10.8.0.53")},
+			Leases:  store.Network(0),
+		}},
+		LeaseTime: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -178,9 +180,9 @@ func TestFullRequests(t *testing.T) {
 func grant(mac net.HardwareAddr, ip string) func(*testing.T, *Full) {
 	return func(t *testing.T, f *Full) {
 		t.Helper()
-		_, seq, err := f.cfg.Leases.GrantBuffered(mac.String(), netip.MustParseAddr(ip), time.Hour)
+		_, seq, err := f.cfg.Networks[0].Leases.GrantBuffered(mac.String(), netip.MustParseAddr(ip), time.Hour)
 		if err == nil {
-			err = f.cfg.Leases.Sync(seq)
+			err = f.cfg.Networks[0].Leases.Sync(seq)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -272,13 +274,13 @@ func TestFullNetworks(t *testing.T) {
 func remoteFull(t *testing.T) *Full {
 	t.Helper()
 	p, _ := lease.ParsePool("10.9.0.100-10.9.0.110")
-	store, err := lease.Open(t.TempDir(), p, nil, nil)
+	store, err := lease.Open(t.TempDir(), []lease.Network{{Pool: p}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
 	f, err := NewFull(FullConfig{Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true },
-		Subnet: netip.MustParsePrefix("10.9.0.0/24"), Leases: store, LeaseTime: time.Hour})
+		Networks: []Network{{Subnet: netip.MustParsePrefix("10.9.0.0/24"), Leases: store.Network(0)}}, LeaseTime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +299,7 @@ func multiFull(t *testing.T) (*Full, *lease.Store) {
 			Reservations: map[string]netip.Addr{knownMAC.String(): netip.MustParseAddr("10.9.0.50")}},
 		{Subnet: netip.MustParsePrefix("10.10.0.0/16"), Pool: pool("10.10.7.1-10.10.7.9")},
 	}
-	store, err := lease.OpenNetworks(t.TempDir(), nets, nil)
+	store, err := lease.Open(t.TempDir(), nets, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,8 +382,8 @@ func TestFullPoolsLeasesPerNetwork(t *testing.T) {
 func TestNewFullRefusesOverlappingNetworks(t *testing.T) {
 	store, _ := newFull(t, "10.8.0.100-10.8.0.110")
 	_, err := NewFull(FullConfig{Boot: testConfig(), LeaseTime: time.Hour, Networks: []Network{
-		{Subnet: netip.MustParsePrefix("10.8.0.0/16"), Leases: store.cfg.Leases},
-		{Subnet: netip.MustParsePrefix("10.8.5.0/24"), Leases: store.cfg.Leases},
+		{Subnet: netip.MustParsePrefix("10.8.0.0/16"), Leases: store.cfg.Networks[0].Leases},
+		{Subnet: netip.MustParsePrefix("10.8.5.0/24"), Leases: store.cfg.Networks[0].Leases},
 	}})
 	if err == nil || !strings.Contains(err.Error(), "overlap") {
 		t.Errorf("overlapping networks: %v", err)
@@ -407,13 +409,13 @@ func TestReplyEchoesClientIdentifier(t *testing.T) {
 func TestDecideCommit(t *testing.T) {
 	dir := t.TempDir()
 	pool, _ := lease.ParsePool("10.8.0.100-10.8.0.110")
-	store, err := lease.Open(dir, pool, nil, nil)
+	store, err := lease.Open(dir, []lease.Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
 	f, err := NewFull(FullConfig{Boot: testConfig(), AllowAddress: func(net.HardwareAddr) bool { return true },
-		Leases: store, Subnet: netip.MustParsePrefix("10.8.0.0/24"), LeaseTime: time.Hour})
+		Networks: []Network{{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Leases: store.Network(0)}}, LeaseTime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +427,7 @@ func TestDecideCommit(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(copyDir, "leases.jsonl"), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r, err := lease.Open(copyDir, pool, nil, nil)
+		r, err := lease.Open(copyDir, []lease.Network{{Pool: pool}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

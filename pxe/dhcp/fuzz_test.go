@@ -41,13 +41,13 @@ func FuzzReply(f *testing.F) {
 		f.Fatal(err)
 	}
 	pool, _ := lease.ParsePool("10.8.0.100-10.8.0.199")
-	store, err := lease.Open(f.TempDir(), pool, nil, nil)
+	store, err := lease.Open(f.TempDir(), []lease.Network{{Pool: pool}}, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	full, err := NewFull(FullConfig{
-		Boot: cfg, AllowAddress: func(net.HardwareAddr) bool { return true }, Leases: store,
-		Subnet: netip.MustParsePrefix("10.8.0.0/24"), LeaseTime: time.Hour,
+		Boot: cfg, AllowAddress: func(net.HardwareAddr) bool { return true }, LeaseTime: time.Hour,
+		Networks: []Network{{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Leases: store.Network(0)}},
 	})
 	if err != nil {
 		f.Fatal(err)

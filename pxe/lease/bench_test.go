@@ -19,7 +19,7 @@ import (
 //
 //	go test -run '^$' -bench CompactUnderLoad ./pxe/lease/
 func BenchmarkCompactUnderLoad(b *testing.B) {
-	s, err := Open(b.TempDir(), mustPool(b, "10.8.0.1-10.8.255.254"), nil, nil)
+	s, err := Open(b.TempDir(), []Network{{Pool: mustPool(b, "10.8.0.1-10.8.255.254")}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,10 +30,10 @@ func BenchmarkCompactUnderLoad(b *testing.B) {
 	var last Seq
 	for i := range leases {
 		macs[i] = fmt.Sprintf("52:54:00:%02x:%02x:%02x", byte(i>>16), byte(i>>8), byte(i))
-		if addrs[i], err = s.Offer(macs[i], netip.Addr{}); err != nil {
+		if addrs[i], err = s.Network(0).Offer(macs[i], netip.Addr{}); err != nil {
 			b.Fatal(err)
 		}
-		if _, last, err = s.GrantBuffered(macs[i], addrs[i], time.Hour); err != nil {
+		if _, last, err = s.Network(0).GrantBuffered(macs[i], addrs[i], time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -49,7 +49,7 @@ func BenchmarkCompactUnderLoad(b *testing.B) {
 		wg.Go(func() {
 			var mine []time.Duration
 			for i := w; !stop.Load(); i = (i + workers) % leases {
-				_, seq, err := s.GrantBuffered(macs[i], addrs[i], time.Hour)
+				_, seq, err := s.Network(0).GrantBuffered(macs[i], addrs[i], time.Hour)
 				if err != nil {
 					b.Error(err)
 					return

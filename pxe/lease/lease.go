@@ -159,18 +159,11 @@ type offer struct {
 	expires time.Time
 }
 
-// Open loads the leases of one pool kept in dir (creating it if needed)
-// and compacts the journal. static reserves addresses for MACs; now is
-// the clock (time.Now when nil). Offer, Grant and the others act on this
-// pool.
-func Open(dir string, pool Pool, static map[string]netip.Addr, now func() time.Time) (*Store, error) {
-	return OpenNetworks(dir, []Network{{Pool: pool, Reservations: static}}, now)
-}
-
-// OpenNetworks is Open for several networks, each with its pool; Network(i)
-// is the store as the i-th sees it. Store's own Offer, Grant and the
-// others act on the first.
-func OpenNetworks(dir string, nets []Network, now func() time.Time) (*Store, error) {
+// Open loads the leases of the networks kept in dir (creating it if
+// needed) and compacts the journal. Each network has its pool and its
+// reservations; Network(i) is the store as the i-th sees it. now is the
+// clock (time.Now when nil).
+func Open(dir string, nets []Network, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
@@ -364,7 +357,7 @@ type Net struct {
 }
 
 // Network returns the i-th network's view of the store (in the order
-// given to OpenNetworks).
+// given to Open).
 func (s *Store) Network(i int) *Net { return &Net{s: s, n: s.nets[i]} }
 
 // Offer picks the address for a DHCPOFFER: the client's reservation, its
@@ -502,39 +495,6 @@ func (v *Net) Lookup(mac string) (Lease, bool) {
 		return *l, true
 	}
 	return Lease{}, false
-}
-
-// The first network's view, for a store of one.
-
-// Offer is Network(0).Offer.
-func (s *Store) Offer(mac string, requested netip.Addr) (netip.Addr, error) {
-	return s.Network(0).Offer(mac, requested)
-}
-
-// Grant is Network(0).Grant.
-func (s *Store) Grant(mac string, ip netip.Addr, d time.Duration) (Lease, error) {
-	return s.Network(0).Grant(mac, ip, d)
-}
-
-// GrantBuffered is Network(0).GrantBuffered.
-func (s *Store) GrantBuffered(mac string, ip netip.Addr, d time.Duration) (Lease, Seq, error) {
-	return s.Network(0).GrantBuffered(mac, ip, d)
-}
-
-// Release is Network(0).Release.
-func (s *Store) Release(mac string, ip netip.Addr) error { return s.Network(0).Release(mac, ip) }
-
-// ReleaseBuffered is Network(0).ReleaseBuffered.
-func (s *Store) ReleaseBuffered(mac string, ip netip.Addr) Seq {
-	return s.Network(0).ReleaseBuffered(mac, ip)
-}
-
-// Decline is Network(0).Decline.
-func (s *Store) Decline(mac string, ip netip.Addr) error { return s.Network(0).Decline(mac, ip) }
-
-// DeclineBuffered is Network(0).DeclineBuffered.
-func (s *Store) DeclineBuffered(mac string, ip netip.Addr) Seq {
-	return s.Network(0).DeclineBuffered(mac, ip)
 }
 
 // Lookup returns mac's lease, expired or not: on the first network that

@@ -43,7 +43,7 @@ const (
 
 func open(t *testing.T, dir string, c *clock) *Store {
 	t.Helper()
-	s, err := Open(dir, mustPool(t, "10.8.0.10-10.8.0.12"), map[string]netip.Addr{macR: ip("10.8.0.200")}, c.now)
+	s, err := Open(dir, []Network{{Pool: mustPool(t, "10.8.0.10-10.8.0.12"), Reservations: map[string]netip.Addr{macR: ip("10.8.0.200")}}}, c.now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,15 +140,15 @@ func TestStore(t *testing.T) {
 					if st.ip != "" {
 						req = ip(st.ip)
 					}
-					got, err = s.Offer(st.mac, req)
+					got, err = s.Network(0).Offer(st.mac, req)
 				case "grant":
 					var l Lease
-					l, err = s.Grant(st.mac, ip(st.ip), st.d)
+					l, err = s.Network(0).Grant(st.mac, ip(st.ip), st.d)
 					got = l.IP
 				case "release":
-					err = s.Release(st.mac, ip(st.ip))
+					err = s.Network(0).Release(st.mac, ip(st.ip))
 				case "decline":
-					err = s.Decline(st.mac, ip(st.ip))
+					err = s.Network(0).Decline(st.mac, ip(st.ip))
 				case "reopen":
 					s.Close()
 					s = open(t, dir, c)
@@ -196,7 +196,7 @@ func TestJournalDamage(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "leases.jsonl"), []byte(tc.journal), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s, err := Open(dir, mustPool(t, "10.8.0.10-10.8.0.12"), nil, nil)
+			s, err := Open(dir, []Network{{Pool: mustPool(t, "10.8.0.10-10.8.0.12")}}, nil)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)
@@ -278,7 +278,7 @@ func leaseChild(dir string) {
 		fmt.Println("pool:", err)
 		os.Exit(1)
 	}
-	s, err := Open(dir, pool, nil, nil)
+	s, err := Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		fmt.Println("open:", err)
 		os.Exit(1)
@@ -333,11 +333,11 @@ func grantBatch(s *Store, w int, next *atomic.Int64) ([]string, error) {
 	for range 1 + w/2*rand.IntN(16) {
 		i := next.Add(1)
 		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", byte(i>>24), byte(i>>16), byte(i>>8), byte(i))
-		addr, err := s.Offer(mac, netip.Addr{})
+		addr, err := s.Network(0).Offer(mac, netip.Addr{})
 		if err != nil {
 			return nil, err
 		}
-		if _, seq, err = s.GrantBuffered(mac, addr, time.Hour); err != nil {
+		if _, seq, err = s.Network(0).GrantBuffered(mac, addr, time.Hour); err != nil {
 			return nil, err
 		}
 		batch = append(batch, mac+" "+addr.String())
@@ -371,7 +371,7 @@ func TestAppendRecordIsJSON(t *testing.T) {
 func TestJournalGrowsPastItsTail(t *testing.T) {
 	dir := t.TempDir()
 	pool := mustPool(t, "10.8.0.1-10.8.255.254")
-	s, err := Open(dir, pool, nil, nil)
+	s, err := Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,11 +383,11 @@ func TestJournalGrowsPastItsTail(t *testing.T) {
 	granted := map[string]netip.Addr{}
 	for i := range n {
 		mac := fmt.Sprintf("52:54:00:%02x:%02x:%02x", byte(i>>16), byte(i>>8), byte(i))
-		addr, err := s.Offer(mac, netip.Addr{})
+		addr, err := s.Network(0).Offer(mac, netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, seq, err := s.GrantBuffered(mac, addr, time.Hour)
+		_, seq, err := s.Network(0).GrantBuffered(mac, addr, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -399,7 +399,7 @@ func TestJournalGrowsPastItsTail(t *testing.T) {
 		granted[mac] = addr
 	}
 	s.Close()
-	s, err = Open(dir, pool, nil, nil)
+	s, err = Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,14 +418,14 @@ func TestJournalGrowsPastItsTail(t *testing.T) {
 // may have dropped what it had not written.
 func TestJournalFailureSticks(t *testing.T) {
 	s := open(t, t.TempDir(), &clock{t: time.Now()})
-	if _, err := s.Grant(macA, ip("10.8.0.10"), time.Hour); err != nil {
+	if _, err := s.Network(0).Grant(macA, ip("10.8.0.10"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	s.journal.f.Close() // the next write fails
-	if _, err := s.Grant(macB, ip("10.8.0.11"), time.Hour); err == nil {
+	if _, err := s.Network(0).Grant(macB, ip("10.8.0.11"), time.Hour); err == nil {
 		t.Fatal("grant acknowledged without a journal")
 	}
-	if _, err := s.Grant(macC, ip("10.8.0.12"), time.Hour); err == nil {
+	if _, err := s.Network(0).Grant(macC, ip("10.8.0.12"), time.Hour); err == nil {
 		t.Fatal("grant acknowledged after a failed journal write")
 	}
 }
@@ -451,7 +451,7 @@ func TestNormMAC(t *testing.T) {
 func TestCompactWhileGranting(t *testing.T) {
 	dir := t.TempDir()
 	pool := mustPool(t, "10.8.0.1-10.8.255.254")
-	s, err := Open(dir, pool, nil, nil)
+	s, err := Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,13 +466,13 @@ func TestCompactWhileGranting(t *testing.T) {
 				// Each client renews its lease, so the journal holds
 				// more records than leases.
 				mac := fmt.Sprintf("52:54:00:%02x:%02x:%02x", w, byte(i>>8), byte(i))
-				addr, err := s.Offer(mac, netip.Addr{})
+				addr, err := s.Network(0).Offer(mac, netip.Addr{})
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				for range renewals {
-					if _, err := s.Grant(mac, addr, time.Hour); err != nil {
+					if _, err := s.Network(0).Grant(mac, addr, time.Hour); err != nil {
 						t.Error(err)
 						return
 					}
@@ -509,7 +509,7 @@ func TestCompactWhileGranting(t *testing.T) {
 		t.Errorf("journal is %d bytes after compaction, want at most %d", fi.Size(), max)
 	}
 
-	s, err = Open(dir, pool, nil, nil)
+	s, err = Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -531,10 +531,10 @@ func TestCompactKeepsBindings(t *testing.T) {
 	dir := t.TempDir()
 	c := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
 	s := open(t, dir, c)
-	if _, err := s.Grant(macA, ip("10.8.0.10"), time.Minute); err != nil {
+	if _, err := s.Network(0).Grant(macA, ip("10.8.0.10"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Decline(macB, ip("10.8.0.11")); err != nil {
+	if err := s.Network(0).Decline(macB, ip("10.8.0.11")); err != nil {
 		t.Fatal(err)
 	}
 	c.t = c.t.Add(time.Hour)
@@ -548,7 +548,7 @@ func TestCompactKeepsBindings(t *testing.T) {
 		t.Errorf("compacted journal:\n%s", bytes.TrimRight(data, "\x00"))
 	}
 	s = open(t, dir, c)
-	if got, err := s.Offer(macA, netip.Addr{}); err != nil || got != ip("10.8.0.10") {
+	if got, err := s.Network(0).Offer(macA, netip.Addr{}); err != nil || got != ip("10.8.0.10") {
 		t.Errorf("expired lease's client offered %v %v, want its old address", got, err)
 	}
 }
@@ -611,7 +611,7 @@ func TestNetworks(t *testing.T) {
 		{Subnet: netip.MustParsePrefix("10.9.0.0/24"), Pool: mustPool(t, "10.9.0.10-10.9.0.11"),
 			Reservations: map[string]netip.Addr{macR: ip("10.9.0.50")}},
 	}
-	s, err := OpenNetworks(dir, nets, nil)
+	s, err := Open(dir, nets, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,7 +644,7 @@ func TestNetworks(t *testing.T) {
 	}
 	s.Close()
 
-	s, err = OpenNetworks(dir, nets, nil)
+	s, err = Open(dir, nets, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -668,7 +668,7 @@ func TestNetworksRefused(t *testing.T) {
 		"second without net":  {{Subnet: p("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.20")}, {Pool: mustPool(t, "10.9.0.10-10.9.0.20")}},
 		"none":                nil,
 	} {
-		if s, err := OpenNetworks(t.TempDir(), nets, nil); err == nil {
+		if s, err := Open(t.TempDir(), nets, nil); err == nil {
 			s.Close()
 			t.Errorf("%s: accepted", name)
 		}
@@ -685,7 +685,7 @@ func TestLeasesOutsideEveryNetworkKept(t *testing.T) {
 	}
 	nets := []Network{{Subnet: netip.MustParsePrefix("10.8.0.0/24"), Pool: mustPool(t, "10.8.0.10-10.8.0.12")}}
 	for range 2 { // the second time, from the journal the first compacted
-		s, err := OpenNetworks(dir, nets, nil)
+		s, err := Open(dir, nets, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -720,7 +720,7 @@ func reopen(dir, pool string, granted map[string]string) (*Store, []string) {
 	if err != nil {
 		return nil, []string{err.Error()}
 	}
-	s, err := Open(dir, p, nil, nil)
+	s, err := Open(dir, []Network{{Pool: p}}, nil)
 	if err != nil {
 		return nil, []string{fmt.Sprintf("reopen: %v", err)}
 	}
@@ -779,16 +779,16 @@ func startLeaseChild(t *testing.T, self, dir string, next int, env ...string) (*
 func TestCompactSwitchWritesBoth(t *testing.T) {
 	dir := t.TempDir()
 	pool := mustPool(t, "10.8.0.1-10.8.0.250")
-	s, err := Open(dir, pool, nil, nil)
+	s, err := Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	grant := func(mac string) netip.Addr {
-		ip, err := s.Offer(mac, netip.Addr{})
+		ip, err := s.Network(0).Offer(mac, netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Grant(mac, ip, time.Hour); err != nil {
+		if _, err := s.Network(0).Grant(mac, ip, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		return ip
@@ -818,7 +818,7 @@ func TestCompactSwitchWritesBoth(t *testing.T) {
 	}
 	after := grant("52:54:00:00:00:03")
 	s.Close()
-	s, err = Open(dir, pool, nil, nil)
+	s, err = Open(dir, []Network{{Pool: pool}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -838,18 +838,18 @@ func TestCompactSwitchWritesBoth(t *testing.T) {
 // changing nothing), where this build stops at the first zero byte.
 func TestJournalReadableByLineReaders(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(dir, mustPool(t, "10.8.0.1-10.8.0.250"), nil, nil)
+	s, err := Open(dir, []Network{{Pool: mustPool(t, "10.8.0.1-10.8.0.250")}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n = 40
 	for i := range n {
 		mac := fmt.Sprintf("52:54:00:00:01:%02x", i)
-		ip, err := s.Offer(mac, netip.Addr{})
+		ip, err := s.Network(0).Offer(mac, netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Grant(mac, ip, time.Hour); err != nil {
+		if _, err := s.Network(0).Grant(mac, ip, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -55,7 +55,7 @@ func grantThroughPowerCuts(t *testing.T) []string {
 	// Room for the grants until the last cut: on this disk a flush is a
 	// memory copy, and four granters reach 100 000 a second.
 	const pool = "10.8.0.1-10.11.255.254"
-	s, err := Open(dir, mustPool(t, pool), nil, nil)
+	s, err := Open(dir, []Network{{Pool: mustPool(t, pool)}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
