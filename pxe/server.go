@@ -310,19 +310,21 @@ func (c *Config) resolveNetworks() error {
 		c.networks = append(c.networks, Network{Subnet: c.Subnet, Pool: c.Pool, Gateway: c.Gateway, DNS: c.DNS})
 	}
 	c.networks = append(c.networks, c.Networks...)
+	pools := make([]lease.Network, len(c.networks))
 	for i := range c.networks {
 		n := &c.networks[i]
 		if !n.Subnet.IsValid() || !n.Subnet.Addr().Is4() {
 			return fmt.Errorf("pool %s: its network %v is not an IPv4 network such as 10.8.1.0/24", n.Pool, n.Subnet)
 		}
 		n.Subnet = n.Subnet.Masked()
-		if !n.Subnet.Contains(n.Pool.First) || !n.Subnet.Contains(n.Pool.Last) {
-			return fmt.Errorf("range %s is not inside its network %s", n.Pool, n.Subnet)
-		}
-		for _, m := range c.networks[:i] {
-			if m.Subnet.Overlaps(n.Subnet) {
-				return fmt.Errorf("pools on %s and %s: the networks overlap, and each address must belong to one pool", m.Subnet, n.Subnet)
-			}
+		pools[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
+	}
+	// Each pool inside its network, no two networks overlapping: the
+	// lease store's rules, checked before anything is opened. Proxy mode
+	// has no pools.
+	if len(pools) > 0 {
+		if err := lease.CheckNetworks(pools); err != nil {
+			return err
 		}
 	}
 	for mac, ip := range c.Reservations {

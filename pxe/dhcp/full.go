@@ -46,7 +46,8 @@ type FullConfig struct {
 	// AllowAddress decides who gets an address at all (PXE client or
 	// not). Nil gives nobody one.
 	AllowAddress func(mac net.HardwareAddr) bool
-	// Networks are the networks served; their subnets must not overlap.
+	// Networks are the networks served; their subnets must not overlap,
+	// which lease.CheckNetworks checks for the store their Leases share.
 	Networks  []Network
 	LeaseTime time.Duration
 }
@@ -105,17 +106,12 @@ func NewFull(cfg FullConfig) (*Full, error) {
 		return nil, errors.New("full mode needs an address pool")
 	}
 	f := &Full{cfg: cfg, proxy: proxy}
-	for i, n := range nets {
+	for _, n := range nets {
 		if !n.Subnet.IsValid() || !n.Subnet.Addr().Is4() {
 			return nil, fmt.Errorf("subnet %v: need the IPv4 network the pool belongs to", n.Subnet)
 		}
 		if n.Leases == nil {
 			return nil, fmt.Errorf("network %s has no lease store", n.Subnet)
-		}
-		for _, m := range nets[:i] {
-			if m.Subnet.Overlaps(n.Subnet) {
-				return nil, fmt.Errorf("networks %s and %s overlap: each address must belong to one pool", m.Subnet, n.Subnet)
-			}
 		}
 		f.nets = append(f.nets, &fullNetwork{Network: n, opts: newNetworkOptions(proxy.serverIP(), n, cfg.LeaseTime)})
 	}

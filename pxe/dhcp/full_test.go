@@ -379,17 +379,6 @@ func TestFullPoolsLeasesPerNetwork(t *testing.T) {
 	}
 }
 
-func TestNewFullRefusesOverlappingNetworks(t *testing.T) {
-	store, _ := newFull(t, "10.8.0.100-10.8.0.110")
-	_, err := NewFull(FullConfig{Boot: testConfig(), LeaseTime: time.Hour, Networks: []Network{
-		{Subnet: netip.MustParsePrefix("10.8.0.0/16"), Leases: store.cfg.Networks[0].Leases},
-		{Subnet: netip.MustParsePrefix("10.8.5.0/24"), Leases: store.cfg.Networks[0].Leases},
-	}})
-	if err == nil || !strings.Contains(err.Error(), "overlap") {
-		t.Errorf("overlapping networks: %v", err)
-	}
-}
-
 // RFC 6842: a reply carries the client identifier the request had.
 func TestReplyEchoesClientIdentifier(t *testing.T) {
 	f, _ := newFull(t, "10.8.0.100-10.8.0.110")

@@ -167,8 +167,8 @@ func Open(dir string, nets []Network, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	if len(nets) == 0 {
-		return nil, errors.New("no address pool")
+	if err := CheckNetworks(nets); err != nil {
+		return nil, err
 	}
 	s := &Store{
 		now: now, byIP: map[netip.Addr]*Lease{},
@@ -176,10 +176,7 @@ func Open(dir string, nets []Network, now func() time.Time) (*Store, error) {
 		path: filepath.Join(dir, leaseFileName),
 		due:  make(chan struct{}, 1), compactMin: compactMinRecords,
 	}
-	for i, n := range nets {
-		if err := checkNetwork(n, nets[:i]); err != nil {
-			return nil, err
-		}
+	for _, n := range nets {
 		st := &network{Network: n, static: map[string]netip.Addr{}, reserved: map[netip.Addr]string{},
 			cursor: n.Pool.First, byMAC: map[string]*Lease{}}
 		for mac, ip := range n.Reservations {
@@ -199,6 +196,22 @@ func Open(dir string, nets []Network, now func() time.Time) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// CheckNetworks refuses networks whose pools or reservations lie outside
+// them, or that overlap: each address must belong to one network. Open
+// checks with it, and so does the netboot server's configuration, before
+// it opens anything.
+func CheckNetworks(nets []Network) error {
+	if len(nets) == 0 {
+		return errors.New("no address pool")
+	}
+	for i, n := range nets {
+		if err := checkNetwork(n, nets[:i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkNetwork refuses a network whose pool or reservations lie outside
