@@ -110,8 +110,8 @@ func parallel(n int, f func(i int) error) error {
 // benchRounds: the two sides run in turn, each on a fresh API server
 // that stops when its phase ends, and each side's best round counts. A
 // shared 2-core machine is not steady: the same plain phase has taken
-// 16 s in one round and 23 s in the next, its API server using 30 s of
-// CPU in one and 42 s in another for the same requests.
+// 16 s in one round and 33 s in another, its API server using 30 s of
+// CPU in one and 60 s in another for the same requests.
 const benchRounds = 3
 
 // benchResult is one phase of the bench.
@@ -297,7 +297,6 @@ func benchOperator(t *testing.T, profile bool, env *testenv.Env, op *operatorPro
 		if got >= n*perCluster {
 			break
 		}
-
 		if time.Since(start) > 20*time.Minute {
 			t.Fatalf("after 20 minutes only %d of %d children exist", got, n*perCluster)
 		}
