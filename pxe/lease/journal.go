@@ -310,10 +310,31 @@ func (s *Store) Compact() (c Compaction, err error) {
 	s.compactMu.Lock()
 	defer s.compactMu.Unlock()
 
+	snap, err := s.startCompaction(&c)
+	if err != nil {
+		return c, err
+	}
+	j, r, written, err := s.writeNewJournal(snap)
+	if err != nil {
+		return c, err
+	}
+	if err := s.joinNewJournal(j, r, written, &c); err != nil {
+		return c, err
+	}
+	if beforeCommit != nil {
+		beforeCommit(r.Name())
+	}
+	return c, s.commitNewJournal(j, r, len(snap))
+}
+
+// startCompaction is step 1: the snapshot of the live records, taken
+// while offers and grants wait (c.Stopped), with every record appended
+// so far flushed to the old journal, and the tail started.
+func (s *Store) startCompaction(c *Compaction) ([]record, error) {
 	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	if s.failed != nil {
-		s.syncMu.Unlock()
-		return c, s.failed
+		return nil, s.failed
 	}
 	// The snapshot holds every record appended so far, so they must be in
 	// the old file before the tail starts: flush them, taken at the same
@@ -327,53 +348,67 @@ func (s *Store) Compact() (c Compaction, err error) {
 		c.Stopped = time.Since(start)
 	}); err != nil {
 		s.failed = err
-		s.syncMu.Unlock()
-		return c, err
+		return nil, err
 	}
 	c.Live = len(snap)
 	s.compacting, s.tail, s.tailRecords = true, s.tail[:0], 0
-	s.syncMu.Unlock()
+	return snap, nil
+}
 
-	j, r, err := newJournal(s.path, encode(snap))
+// writeNewJournal is step 2: the snapshot, then the tail so far, in a
+// new file beside the journal, synced; no locks are held while it
+// writes, so grants and syncs go on in the old journal. written is how
+// much of the tail it took.
+func (s *Store) writeNewJournal(snap []record) (j *journalFile, r *atomicfile.Replacement, written int, err error) {
+	j, r, err = newJournal(s.path, encode(snap))
 	if err != nil {
-		return c, s.compactFailed(nil, err)
+		return nil, nil, 0, s.compactFailed(nil, err)
 	}
 	if err := j.sync(); err != nil {
-		return c, s.compactFailed(r, err)
+		return nil, nil, 0, s.compactFailed(r, err)
 	}
 	s.syncMu.Lock()
 	caughtUp := bytes.Clone(s.tail)
 	s.syncMu.Unlock()
 	if err := j.append(caughtUp); err != nil {
-		return c, s.compactFailed(r, err)
+		return nil, nil, 0, s.compactFailed(r, err)
 	}
 	if err := j.sync(); err != nil {
-		return c, s.compactFailed(r, err)
+		return nil, nil, 0, s.compactFailed(r, err)
 	}
+	return j, r, len(caughtUp), nil
+}
 
-	// From here until the new journal is in place, every batch goes to
-	// both files and is synced in both before its ACKs leave: whichever
-	// file the journal's name points at after a crash holds it.
+// joinNewJournal is step 3: holding up journal writes (c.Held), the rest
+// of the tail goes to the new file, which from then on, until it is in
+// place, gets every batch too: each is synced in both files before its
+// ACKs leave, so whichever file the journal's name points at after a
+// crash holds it.
+func (s *Store) joinNewJournal(j *journalFile, r *atomicfile.Replacement, written int, c *Compaction) error {
 	s.syncMu.Lock()
 	if s.failed != nil { // the old journal failed, or the store was closed
 		s.compacting, s.tail = false, nil
 		s.syncMu.Unlock()
 		r.Abort()
-		return c, s.failed
+		return s.failed
 	}
 	held := time.Now()
-	if err := j.append(s.tail[len(caughtUp):]); err != nil {
+	if err := j.append(s.tail[written:]); err != nil {
 		s.syncMu.Unlock()
-		return c, s.compactFailed(r, err)
+		return s.compactFailed(r, err)
 	}
 	s.shadow, s.tail = j, nil
 	c.Held = time.Since(held)
 	s.syncMu.Unlock()
+	return nil
+}
 
-	if beforeCommit != nil {
-		beforeCommit(r.Name())
-	}
-	err = r.Commit() // fsync, rename, fsync of the directory
+// commitNewJournal is step 4: sync the new file, rename it over the
+// journal and sync the directory (syncs go on, in both files), then
+// write on in the new file only. live is how many records the snapshot
+// had.
+func (s *Store) commitNewJournal(j *journalFile, r *atomicfile.Replacement, live int) error {
+	err := r.Commit() // fsync, rename, fsync of the directory
 
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
@@ -387,19 +422,19 @@ func (s *Store) Compact() (c Compaction, err error) {
 		if s.failed == nil {
 			s.failed = fmt.Errorf("compact leases: %w", err)
 		}
-		return c, s.failed
+		return s.failed
 	case err != nil:
 		s.retryAfter = s.fileRecords + s.compactMin
 		r.Abort()
-		return c, fmt.Errorf("compact leases: %w", err)
+		return fmt.Errorf("compact leases: %w", err)
 	case s.failed != nil: // a write failed meanwhile, or the store was closed
 		r.Abort()
-		return c, s.failed
+		return s.failed
 	}
 	s.journal.f.Close()
-	s.journal, s.fileRecords = j, len(snap)+s.tailRecords
+	s.journal, s.fileRecords = j, live+s.tailRecords
 	s.retryAfter = 0
-	return c, nil
+	return nil
 }
 
 // beforeCommit, set by tests, runs in Compact while grants are written to
