@@ -441,6 +441,27 @@ func newServer(cfg Config) (*server, error) {
 		s.configs[hw.String()] = path
 	}
 
+	if s.inv, err = inventory.Open(cfg.StateDir, nil); err != nil {
+		return nil, err
+	}
+	bootCfg := s.dhcpBootConfig()
+	if cfg.Mode == "full" {
+		if s.responder, err = s.fullResponder(bootCfg); err != nil {
+			s.close()
+			return nil, err
+		}
+	} else if s.responder, err = dhcp.NewProxy(bootCfg); err != nil {
+		return nil, err
+	}
+	s.met = newMetrics(s.inv, s.leases)
+	return s, nil
+}
+
+// dhcpBootConfig is the boot information DHCP hands out: the iPXE
+// binaries (which it also lists in s.bootFiles for TFTP) and who gets
+// them.
+func (s *server) dhcpBootConfig() dhcp.Config {
+	cfg := s.cfg
 	s.bootFiles = map[string]string{
 		filepath.Base(cfg.BIOSBootFile): cfg.BIOSBootFile,
 		filepath.Base(cfg.UEFIBootFile): cfg.UEFIBootFile,
@@ -450,10 +471,6 @@ func newServer(cfg Config) (*server, error) {
 		// Its Debian-style name (ipxe.efi) would clash with the x86 one.
 		s.bootFiles["ipxe-arm64.efi"] = cfg.ARM64BootFile
 		files.UEFIARM64 = "ipxe-arm64.efi"
-	}
-
-	if s.inv, err = inventory.Open(cfg.StateDir, nil); err != nil {
-		return nil, err
 	}
 	bootCfg := dhcp.Config{
 		ServerIP: cfg.ServerIP,
@@ -470,42 +487,42 @@ func newServer(cfg Config) (*server, error) {
 			return ""
 		}
 	}
-	if cfg.Mode == "full" {
-		nets := make([]lease.Network, len(cfg.networks))
-		for i, n := range cfg.networks {
-			nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
+	return bootCfg
+}
+
+// fullResponder opens the lease store of every network (each
+// reservation on the network its address is in) and answers DHCP as
+// their server.
+func (s *server) fullResponder(bootCfg dhcp.Config) (*dhcp.Full, error) {
+	cfg := s.cfg
+	nets := make([]lease.Network, len(cfg.networks))
+	for i, n := range cfg.networks {
+		nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
+	}
+	for mac, ip := range cfg.Reservations {
+		n := &nets[cfg.networkOf(ip)]
+		if n.Reservations == nil {
+			n.Reservations = map[string]netip.Addr{}
 		}
-		for mac, ip := range cfg.Reservations {
-			n := &nets[cfg.networkOf(ip)]
-			if n.Reservations == nil {
-				n.Reservations = map[string]netip.Addr{}
-			}
-			n.Reservations[mac] = ip
-		}
-		if s.leases, err = lease.Open(cfg.StateDir, nets, nil); err != nil {
-			return nil, err
-		}
-		full := dhcp.FullConfig{
-			Boot:         bootCfg,
-			AllowAddress: s.allowed,
-			LeaseTime:    cfg.LeaseTime,
-		}
-		for i, n := range cfg.networks {
-			dn := dhcp.Network{Subnet: n.Subnet, DNS: n.DNS, Leases: s.leases.Network(i)}
-			if n.Gateway.IsValid() {
-				dn.Routers = []netip.Addr{n.Gateway}
-			}
-			full.Networks = append(full.Networks, dn)
-		}
-		if s.responder, err = dhcp.NewFull(full); err != nil {
-			s.close()
-			return nil, err
-		}
-	} else if s.responder, err = dhcp.NewProxy(bootCfg); err != nil {
+		n.Reservations[mac] = ip
+	}
+	var err error
+	if s.leases, err = lease.Open(cfg.StateDir, nets, nil); err != nil {
 		return nil, err
 	}
-	s.met = newMetrics(s.inv, s.leases)
-	return s, nil
+	full := dhcp.FullConfig{
+		Boot:         bootCfg,
+		AllowAddress: s.allowed,
+		LeaseTime:    cfg.LeaseTime,
+	}
+	for i, n := range cfg.networks {
+		dn := dhcp.Network{Subnet: n.Subnet, DNS: n.DNS, Leases: s.leases.Network(i)}
+		if n.Gateway.IsValid() {
+			dn.Routers = []netip.Addr{n.Gateway}
+		}
+		full.Networks = append(full.Networks, dn)
+	}
+	return dhcp.NewFull(full)
 }
 
 // addBoot serves img to machines of one architecture: its files under
