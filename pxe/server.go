@@ -310,20 +310,18 @@ func (c *Config) resolveNetworks() error {
 		c.networks = append(c.networks, Network{Subnet: c.Subnet, Pool: c.Pool, Gateway: c.Gateway, DNS: c.DNS})
 	}
 	c.networks = append(c.networks, c.Networks...)
-	pools := make([]lease.Network, len(c.networks))
 	for i := range c.networks {
 		n := &c.networks[i]
 		if !n.Subnet.IsValid() || !n.Subnet.Addr().Is4() {
 			return fmt.Errorf("pool %s: its network %v is not an IPv4 network such as 10.8.1.0/24", n.Pool, n.Subnet)
 		}
 		n.Subnet = n.Subnet.Masked()
-		pools[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
 	}
 	// Each pool inside its network, no two networks overlapping: the
 	// lease store's rules, checked before anything is opened. Proxy mode
 	// has no pools.
-	if len(pools) > 0 {
-		if err := lease.CheckNetworks(pools); err != nil {
+	if len(c.networks) > 0 {
+		if err := lease.CheckNetworks(c.leaseNetworks()); err != nil {
 			return err
 		}
 	}
@@ -333,6 +331,27 @@ func (c *Config) resolveNetworks() error {
 		}
 	}
 	return nil
+}
+
+// leaseNetworks are the pools as the lease store keeps them, each with
+// the reservations on its network (one on none is resolveNetworks' to
+// refuse).
+func (c *Config) leaseNetworks() []lease.Network {
+	nets := make([]lease.Network, len(c.networks))
+	for i, n := range c.networks {
+		nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
+	}
+	for mac, ip := range c.Reservations {
+		i := c.networkOf(ip)
+		if i < 0 {
+			continue
+		}
+		if nets[i].Reservations == nil {
+			nets[i].Reservations = map[string]netip.Addr{}
+		}
+		nets[i].Reservations[mac] = ip
+	}
+	return nets
 }
 
 func (c *Config) networkOf(ip netip.Addr) int {
@@ -495,19 +514,8 @@ func (s *server) dhcpBootConfig() dhcp.Config {
 // their server.
 func (s *server) fullResponder(bootCfg dhcp.Config) (*dhcp.Full, error) {
 	cfg := s.cfg
-	nets := make([]lease.Network, len(cfg.networks))
-	for i, n := range cfg.networks {
-		nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
-	}
-	for mac, ip := range cfg.Reservations {
-		n := &nets[cfg.networkOf(ip)]
-		if n.Reservations == nil {
-			n.Reservations = map[string]netip.Addr{}
-		}
-		n.Reservations[mac] = ip
-	}
 	var err error
-	if s.leases, err = lease.Open(cfg.StateDir, nets, nil); err != nil {
+	if s.leases, err = lease.Open(cfg.StateDir, cfg.leaseNetworks(), nil); err != nil {
 		return nil, err
 	}
 	full := dhcp.FullConfig{
