@@ -34,10 +34,11 @@ func bootFiles(t *testing.T) string {
 // when the test ends.
 func startServer(t *testing.T, cfg Config) *server {
 	t.Helper()
-	if err := cfg.setDefaults(); err != nil {
+	p, err := cfg.resolve()
+	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(cfg)
+	s, err := newServer(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,15 +104,16 @@ func TestResolveARM64(t *testing.T) {
 			t.Cleanup(func() { defaultARM64BootFile = DefaultARM64BootFile })
 			cfg := archConfig(dir)
 			tc.cfg(&cfg)
-			if failed(t, cfg.setDefaults(), tc.wantErr) {
+			p, err := cfg.resolve()
+			if failed(t, err, tc.wantErr) {
 				return
 			}
 			wantFile := tc.wantFile
 			if wantFile == "default" {
 				wantFile = defaultARM64BootFile
 			}
-			if fmt.Sprint(cfg.ARM64) != fmt.Sprint(tc.want) || cfg.ARM64BootFile != wantFile {
-				t.Errorf("arm64 machines boot %+v with iPXE %q, want %+v with %q", cfg.ARM64, cfg.ARM64BootFile, tc.want, wantFile)
+			if fmt.Sprint(p.ARM64) != fmt.Sprint(tc.want) || p.ARM64BootFile != wantFile {
+				t.Errorf("arm64 machines boot %+v with iPXE %q, want %+v with %q", p.ARM64, p.ARM64BootFile, tc.want, wantFile)
 			}
 		})
 	}
@@ -266,7 +268,7 @@ func TestSNPOnlyRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := archConfig(dir)
 			tc.cfg(&cfg)
-			if !failed(t, cfg.setDefaults(), tc.wantErr) {
+			if _, err := cfg.resolve(); !failed(t, err, tc.wantErr) {
 				t.Fatalf("no error, want %q", tc.wantErr)
 			}
 		})

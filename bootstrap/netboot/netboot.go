@@ -7,6 +7,7 @@ package netboot
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -35,14 +36,14 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 		return cfg, fmt.Errorf("network.subnet: %w", err)
 	}
 	if n.DHCP.Mode == rack.DHCPModeFull {
-		cfg.Subnet = subnet
-		if cfg.Pool, err = lease.ParsePool(n.DHCP.Range); err != nil {
+		local := pxe.Network{Subnet: subnet, DNS: ipv4s(n.DNS)}
+		if local.Pool, err = lease.ParsePool(n.DHCP.Range); err != nil {
 			return cfg, fmt.Errorf("network.dhcp.range: %w", err)
 		}
 		if n.Gateway != "" {
-			cfg.Gateway = netip.MustParseAddr(n.Gateway)
+			local.Gateway = netip.MustParseAddr(n.Gateway)
 		}
-		cfg.DNS = ipv4s(n.DNS)
+		cfg.Networks = append(cfg.Networks, local)
 		for i, p := range n.DHCP.Relayed {
 			nw := pxe.Network{DNS: ipv4s(p.DNS)}
 			if nw.Subnet, err = netip.ParsePrefix(p.Subnet); err != nil {
@@ -59,7 +60,8 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 			cfg.Networks = append(cfg.Networks, nw)
 		}
 	}
-	networks := []netip.Prefix{subnet}
+	// The networks the server leases on (full mode only).
+	var networks []netip.Prefix
 	for _, nw := range cfg.Networks {
 		networks = append(networks, nw.Subnet)
 	}
@@ -77,7 +79,7 @@ func Config(r *rack.Rack) (pxe.Config, error) {
 		cfg.AllowMACs = append(cfg.AllowMACs, hw)
 		// A machine keeps in maintenance mode the address it will have
 		// once configured, so discovery finds it where the rack says.
-		if a := provisioningAddress(&m, networks); a.IsValid() && n.DHCP.Mode == rack.DHCPModeFull {
+		if a := provisioningAddress(&m, networks); a.IsValid() {
 			if cfg.Reservations == nil {
 				cfg.Reservations = map[string]netip.Addr{}
 			}
@@ -96,6 +98,21 @@ func NeedsUnknown(r *rack.Rack) bool {
 		}
 	}
 	return false
+}
+
+// CheckBoot says what a netboot server cfg for rack r still lacks: leave
+// to boot machines known only by UUID, or the Talos kernel and initramfs
+// (with the Image Factory URLs to fetch them from).
+func CheckBoot(r *rack.Rack, cfg pxe.Config) error {
+	if NeedsUnknown(r) && !cfg.AllowUnknown {
+		return errors.New("some machines of the rack have only a uuid: add --allow-unknown so they can netboot and be found")
+	}
+	if cfg.Kernel == "" || len(cfg.Initrds) == 0 {
+		kernel, _ := r.BootAssetURL("kernel-amd64")
+		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
+		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd; download them from\n  %s\n  %s\n(arm64 machines: --kernel-arm64 and --initrd-arm64, from the same URLs with arm64)", kernel, initrd)
+	}
+	return nil
 }
 
 // provisioningAddress is the machine's static address on the NIC it

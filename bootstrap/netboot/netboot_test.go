@@ -40,8 +40,8 @@ machines:
 	if cfg.Interface != "br0" || cfg.Mode != "full" || !cfg.Talos || cfg.LeaseTime.String() != "30m0s" {
 		t.Errorf("basics: %+v", cfg)
 	}
-	if cfg.Subnet.String() != "10.8.0.0/24" || cfg.Gateway.String() != "10.8.0.1" || len(cfg.DNS) != 1 {
-		t.Errorf("network: subnet %v gateway %v dns %v", cfg.Subnet, cfg.Gateway, cfg.DNS)
+	if local := cfg.Networks[0]; local.Subnet.String() != "10.8.0.0/24" || local.Gateway.String() != "10.8.0.1" || len(local.DNS) != 1 {
+		t.Errorf("network: subnet %v gateway %v dns %v", local.Subnet, local.Gateway, local.DNS)
 	}
 	var macs []string
 	for _, m := range cfg.AllowMACs {
@@ -95,7 +95,8 @@ machines:
 	for _, n := range cfg.Networks {
 		nets = append(nets, fmt.Sprintf("%s %s gw=%v dns=%v", n.Subnet, n.Pool, n.Gateway, n.DNS))
 	}
-	want := "10.80.1.0/24 10.80.1.100-10.80.1.199 gw=10.80.1.1 dns=[10.8.0.1]; 10.80.2.0/24 10.80.2.100-10.80.2.199 gw=invalid IP dns=[]"
+	want := "10.8.0.0/24 10.8.0.100-10.8.0.150 gw=invalid IP dns=[]; " + // the provisioning network's own
+		"10.80.1.0/24 10.80.1.100-10.80.1.199 gw=10.80.1.1 dns=[10.8.0.1]; 10.80.2.0/24 10.80.2.100-10.80.2.199 gw=invalid IP dns=[]"
 	if got := strings.Join(nets, "; "); got != want {
 		t.Errorf("networks:\n got %s\nwant %s", got, want)
 	}

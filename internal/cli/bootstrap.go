@@ -197,7 +197,7 @@ func netbootConfig(r *rack.Rack, boot pxe.Config, serverIP string, allowUnknown 
 	cfg.Kernel, cfg.Initrds, cfg.Cmdline, cfg.HTTPPort = boot.Kernel, boot.Initrds, boot.Cmdline, boot.HTTPPort
 	cfg.ARM64 = boot.ARM64 // its command line defaults to Cmdline
 	cfg.AllowUnknown = allowUnknown
-	if err := checkRackBoot(r, cfg, " (or --no-netboot)"); err != nil {
+	if err := netboot.CheckBoot(r, cfg); err != nil {
 		return cfg, err
 	}
 	if serverIP != "" {

@@ -84,19 +84,7 @@ func dash(s string) string {
 }
 
 func newPXEServeCommand(g *Globals) *cobra.Command {
-	var (
-		cfg       pxe.Config
-		serverIP  string
-		allowMACs []string
-		poolRange string
-		gateway   string
-		dns       []string
-		reserve   []string
-		configs   []string
-		subnet    string
-		pools     []string
-		rackFile  string
-	)
+	var flags pxeServeFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the netboot server on one interface",
@@ -131,92 +119,9 @@ every DHCP client on the interface gets an address).`,
     --kernel vmlinuz --initrd initramfs.xz --allow-unknown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if rackFile != "" {
-				if err := applyRack(cmd, &cfg, rackFile); err != nil {
-					return err
-				}
-			}
-			if cfg.Interface == "" {
-				return errors.New("--interface is required (or --rack, whose network.interface names it)")
-			}
-			if cfg.Mode != "proxy" && cfg.Mode != "full" {
-				return fmt.Errorf("--mode %q: use proxy or full", cfg.Mode)
-			}
-			if (poolRange != "" || gateway != "" || len(dns) > 0 || len(reserve) > 0 || subnet != "" || len(pools) > 0) && cfg.Mode != "full" {
-				return errors.New("--range, --subnet, --gateway, --dns, --pool and --reserve configure full mode: add --mode full")
-			}
-			if poolRange == "" && (gateway != "" || len(dns) > 0 || subnet != "") && len(pools) > 0 {
-				return errors.New("--subnet, --gateway and --dns describe the --range pool; give each --pool its own: --pool SUBNET,FROM-TO,gateway=IP,dns=IP")
-			}
-			for _, p := range pools {
-				n, err := parsePoolFlag(p)
-				if err != nil {
-					return err
-				}
-				cfg.Networks = append(cfg.Networks, n)
-			}
-			if subnet != "" {
-				p, err := netip.ParsePrefix(subnet)
-				if err != nil || !p.Addr().Is4() {
-					return fmt.Errorf("--subnet %q: want an IPv4 network such as 10.8.1.0/24", subnet)
-				}
-				cfg.Subnet = p.Masked()
-			}
-			if poolRange != "" {
-				pool, err := lease.ParsePool(poolRange)
-				if err != nil {
-					return fmt.Errorf("--range: %w", err)
-				}
-				cfg.Pool = pool
-			}
-			var err error
-			if gateway != "" {
-				if cfg.Gateway, err = parseIPv4("--gateway", gateway); err != nil {
-					return err
-				}
-			}
-			for _, d := range dns {
-				ip, err := parseIPv4("--dns", d)
-				if err != nil {
-					return err
-				}
-				cfg.DNS = append(cfg.DNS, ip)
-			}
-			for _, r := range reserve {
-				mac, ipText, err := parseMACPair("--reserve", r, "MAC=IP, e.g. 52:54:00:12:34:56=10.8.0.21")
-				if err != nil {
-					return err
-				}
-				ip, err := parseIPv4("--reserve", ipText)
-				if err != nil {
-					return err
-				}
-				if cfg.Reservations == nil {
-					cfg.Reservations = map[string]netip.Addr{}
-				}
-				cfg.Reservations[mac] = ip
-			}
-			if serverIP != "" {
-				if cfg.ServerIP, err = parseIPv4("--server-ip", serverIP); err != nil {
-					return err
-				}
-			}
-			for _, s := range allowMACs {
-				mac, err := net.ParseMAC(s)
-				if err != nil || len(mac) != 6 {
-					return fmt.Errorf("--allow-mac %q: want a MAC address like 52:54:00:12:34:56", s)
-				}
-				cfg.AllowMACs = append(cfg.AllowMACs, mac)
-			}
-			for _, c := range configs {
-				mac, path, err := parseMACPair("--machine-config", c, "MAC=FILE")
-				if err != nil {
-					return err
-				}
-				if cfg.MachineConfigs == nil {
-					cfg.MachineConfigs = map[string]string{}
-				}
-				cfg.MachineConfigs[mac] = path
+			cfg, err := flags.config(cmd.Flags().Changed)
+			if err != nil {
+				return err
 			}
 			cfg.Log = g.Logger()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -224,18 +129,32 @@ every DHCP client on the interface gets an address).`,
 			return pxe.Serve(ctx, cfg)
 		},
 	}
-	f := cmd.Flags()
+	flags.register(cmd)
+	return cmd
+}
+
+// pxeServeFlags are pxe serve's flags: most set a pxe.Config field; the
+// rest are parsed into it by config. pxe.Serve checks the result.
+type pxeServeFlags struct {
+	cfg                                      pxe.Config
+	local                                    pxe.Network // --subnet, --gateway (--range and --dns are parsed)
+	poolRange, rackFile                      string
+	dns, pools, reserve, allowMACs, mconfigs []string
+}
+
+func (p *pxeServeFlags) register(cmd *cobra.Command) {
+	cfg, f := &p.cfg, cmd.Flags()
 	f.StringVar(&cfg.Interface, "interface", "", "boot network interface (required)")
-	f.StringVar(&serverIP, "server-ip", "", "this host's IPv4 address on the interface (default: the interface's first)")
+	f.TextVar(&cfg.ServerIP, "server-ip", netip.Addr{}, "this host's IPv4 address on the interface (default: the interface's first)")
 	f.IntVar(&cfg.HTTPPort, "http-port", 8080, "HTTP port for iPXE scripts and boot assets")
 	f.StringVar(&cfg.Mode, "mode", "proxy", "DHCP mode: proxy (no addresses handed out) or full (this is the network's DHCP server)")
-	f.StringVar(&poolRange, "range", "", "full mode: address pool FROM-TO")
-	f.StringVar(&subnet, "subnet", "", "full mode: the pool's network (default: the interface's); another network is served through its DHCP relay only")
-	f.StringVar(&gateway, "gateway", "", "full mode: router to announce")
-	f.StringArrayVar(&pools, "pool", nil, "full mode: one more pool, on its own network (behind a DHCP relay, or the interface's if --range is not given): SUBNET,FROM-TO[,gateway=IP][,dns=IP...] (repeatable)")
-	f.StringArrayVar(&dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
+	f.StringVar(&p.poolRange, "range", "", "full mode: address pool FROM-TO")
+	f.TextVar(&p.local.Subnet, "subnet", netip.Prefix{}, "full mode: the pool's network (default: the interface's); another network is served through its DHCP relay only")
+	f.TextVar(&p.local.Gateway, "gateway", netip.Addr{}, "full mode: router to announce")
+	f.StringArrayVar(&p.pools, "pool", nil, "full mode: one more pool, on its own network (behind a DHCP relay, or the interface's if --range is not given): SUBNET,FROM-TO[,gateway=IP][,dns=IP...] (repeatable)")
+	f.StringArrayVar(&p.dns, "dns", nil, "full mode: DNS server to announce (repeatable)")
 	f.DurationVar(&cfg.LeaseTime, "lease-time", time.Hour, "full mode: lease time")
-	f.StringArrayVar(&reserve, "reserve", nil, "full mode: fixed address MAC=IP (repeatable)")
+	f.StringArrayVar(&p.reserve, "reserve", nil, "full mode: fixed address MAC=IP (repeatable)")
 	f.StringVar(&cfg.StateDir, "state-dir", pxe.DefaultStateDir, "where the machine inventory and (full mode) leases are kept")
 	f.StringVar(&cfg.Kernel, "kernel", "", "kernel to boot")
 	f.StringArrayVar(&cfg.Initrds, "initrd", nil, "initramfs to boot (repeatable, loaded in order)")
@@ -244,9 +163,9 @@ every DHCP client on the interface gets an address).`,
 	f.StringArrayVar(&cfg.ARM64.Initrds, "initrd-arm64", nil, "initramfs for arm64 machines (repeatable, loaded in order)")
 	f.StringVar(&cfg.ARM64.Cmdline, "cmdline-arm64", "", "kernel command line of arm64 machines (default: --cmdline)")
 	f.BoolVar(&cfg.AllowUnknown, "allow-unknown", false, "boot every PXE client on the interface, not only --allow-mac ones")
-	f.StringArrayVar(&allowMACs, "allow-mac", nil, "MAC address of a machine to boot (repeatable)")
+	f.StringArrayVar(&p.allowMACs, "allow-mac", nil, "MAC address of a machine to boot (repeatable)")
 	f.BoolVar(&cfg.Talos, "talos", false, "the kernel is Talos Linux: add talos.platform=metal and Talos's default kernel arguments")
-	f.StringArrayVar(&configs, "machine-config", nil, "MAC=FILE: Talos machine config served only to that machine via talos.config= (file mode 0600; implies --talos)")
+	f.StringArrayVar(&p.mconfigs, "machine-config", nil, "MAC=FILE: Talos machine config served only to that machine via talos.config= (file mode 0600; implies --talos)")
 	f.BoolVar(&cfg.LocalDiskAfterInstall, "local-disk-after-install", false,
 		"once a machine has fetched its config and booted again, boot it from its disk (iPXE exit) instead of the network")
 	f.StringVar(&cfg.BIOSBootFile, "ipxe-bios", pxe.DefaultBIOSBootFile, "iPXE binary for BIOS clients")
@@ -254,17 +173,96 @@ every DHCP client on the interface gets an address).`,
 	f.StringArrayVar(&cfg.SNPOnly, "snponly", nil, "MAC or SMBIOS UUID of an x86-64 UEFI machine that loads snponly.efi (iPXE through the firmware's NIC driver) instead (repeatable)")
 	f.StringVar(&cfg.SNPOnlyBootFile, "ipxe-snponly", pxe.DefaultSNPOnlyBootFile, "the snponly.efi for --snponly machines")
 	f.StringVar(&cfg.ARM64BootFile, "ipxe-arm64", "", "iPXE binary for arm64 UEFI clients (default "+pxe.DefaultARM64BootFile+", from Debian 13's ipxe, when there is an arm64 kernel)")
-	f.StringVar(&rackFile, "rack", "", "serve the machines of this rack file: its interface, DHCP mode, pool, gateway, DNS, fixed addresses and MACs (flags given too override it)")
+	f.StringVar(&p.rackFile, "rack", "", "serve the machines of this rack file: its interface, DHCP mode, pool, gateway, DNS, fixed addresses and MACs (flags given too override it)")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
-	_ = cmd.MarkFlagFilename("kernel")
-	_ = cmd.MarkFlagFilename("initrd")
-	_ = cmd.MarkFlagFilename("kernel-arm64")
-	_ = cmd.MarkFlagFilename("initrd-arm64")
-	return cmd
+	for _, name := range []string{"kernel", "initrd", "kernel-arm64", "initrd-arm64"} {
+		_ = cmd.MarkFlagFilename(name)
+	}
 }
 
-// applyRack fills cfg from a rack file, except what flags set explicitly.
-func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
+// config parses the flags that need it and applies the rack, if one is
+// given, where set (which flags the user gave) leaves it room.
+func (p *pxeServeFlags) config(set func(string) bool) (pxe.Config, error) {
+	cfg, local := p.cfg, p.local
+	var relayed []pxe.Network
+	var err error
+	if p.poolRange != "" {
+		if local.Pool, err = lease.ParsePool(p.poolRange); err != nil {
+			return cfg, fmt.Errorf("--range: %w", err)
+		}
+	}
+	for _, d := range p.dns {
+		ip, err := parseIPv4("--dns", d)
+		if err != nil {
+			return cfg, err
+		}
+		local.DNS = append(local.DNS, ip)
+	}
+	for _, s := range p.pools {
+		n, err := parsePoolFlag(s)
+		if err != nil {
+			return cfg, err
+		}
+		relayed = append(relayed, n)
+	}
+	if cfg.Reservations, err = parseReservations(p.reserve); err != nil {
+		return cfg, err
+	}
+	for _, s := range p.allowMACs {
+		mac, err := net.ParseMAC(s)
+		if err != nil || len(mac) != 6 {
+			return cfg, fmt.Errorf("--allow-mac %q: want a MAC address like 52:54:00:12:34:56", s)
+		}
+		cfg.AllowMACs = append(cfg.AllowMACs, mac)
+	}
+	for _, c := range p.mconfigs {
+		mac, path, err := parseMACPair("--machine-config", c, "MAC=FILE")
+		if err != nil {
+			return cfg, err
+		}
+		if cfg.MachineConfigs == nil {
+			cfg.MachineConfigs = map[string]string{}
+		}
+		cfg.MachineConfigs[mac] = path
+	}
+	if p.rackFile != "" {
+		if err := applyRack(&cfg, &local, &relayed, p.rackFile, set); err != nil {
+			return cfg, err
+		}
+	}
+	// The interface's pool (or the network --subnet, --gateway or --dns
+	// describe without one, which pxe.Serve refuses) comes first.
+	if local.Subnet.IsValid() || local.Pool.First.IsValid() || local.Gateway.IsValid() || len(local.DNS) > 0 {
+		cfg.Networks = append(cfg.Networks, local)
+	}
+	cfg.Networks = append(cfg.Networks, relayed...)
+	return cfg, nil
+}
+
+// parseReservations reads --reserve MAC=IP flags.
+func parseReservations(flags []string) (map[string]netip.Addr, error) {
+	var out map[string]netip.Addr
+	for _, r := range flags {
+		mac, ipText, err := parseMACPair("--reserve", r, "MAC=IP, e.g. 52:54:00:12:34:56=10.8.0.21")
+		if err != nil {
+			return nil, err
+		}
+		ip, err := parseIPv4("--reserve", ipText)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = map[string]netip.Addr{}
+		}
+		out[mac] = ip
+	}
+	return out, nil
+}
+
+// applyRack fills cfg and the pools from a rack file, except what flags
+// set explicitly: a flag of the interface's pool replaces that setting of
+// the rack's, --pool the rack's relayed pools.
+func applyRack(cfg *pxe.Config, local *pxe.Network, relayed *[]pxe.Network, file string, set func(string) bool) error {
 	r, err := rack.Load(file)
 	if err != nil {
 		return err
@@ -273,7 +271,6 @@ func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
 	if err != nil {
 		return err
 	}
-	set := cmd.Flags().Changed
 	if !set("interface") {
 		cfg.Interface = base.Interface
 	}
@@ -283,44 +280,33 @@ func applyRack(cmd *cobra.Command, cfg *pxe.Config, file string) error {
 	if !set("lease-time") {
 		cfg.LeaseTime = base.LeaseTime
 	}
-	if !set("range") {
-		cfg.Pool = base.Pool
-	}
-	if !set("subnet") {
-		cfg.Subnet = base.Subnet
-	}
-	if !set("gateway") {
-		cfg.Gateway = base.Gateway
-	}
-	if !set("dns") {
-		cfg.DNS = base.DNS
-	}
-	if !set("reserve") {
+	// A full-mode rack's fixed addresses and pools, its own pool first,
+	// unless --mode proxy overrides its mode.
+	if !set("reserve") && cfg.Mode == "full" {
 		cfg.Reservations = base.Reservations
 	}
-	if !set("pool") {
-		cfg.Networks = base.Networks
+	if len(base.Networks) > 0 && cfg.Mode == "full" {
+		rl := base.Networks[0]
+		if !set("range") {
+			local.Pool = rl.Pool
+		}
+		if !set("subnet") {
+			local.Subnet = rl.Subnet
+		}
+		if !set("gateway") {
+			local.Gateway = rl.Gateway
+		}
+		if !set("dns") {
+			local.DNS = rl.DNS
+		}
+		if !set("pool") {
+			*relayed = base.Networks[1:]
+		}
 	}
 	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
 	cfg.SNPOnly = append(cfg.SNPOnly, base.SNPOnly...)
 	cfg.Talos = true
-	return checkRackBoot(r, *cfg, "")
-}
-
-// checkRackBoot says what a netboot server for rack r still lacks: leave
-// to boot machines known only by UUID, or the Talos kernel and initramfs
-// (with the Image Factory URLs to fetch them from). alternative names
-// another way out, for the error message.
-func checkRackBoot(r *rack.Rack, cfg pxe.Config, alternative string) error {
-	if netboot.NeedsUnknown(r) && !cfg.AllowUnknown {
-		return errors.New("some machines of the rack have only a uuid: add --allow-unknown so they can netboot and be found")
-	}
-	if cfg.Kernel == "" || len(cfg.Initrds) == 0 {
-		kernel, _ := r.BootAssetURL("kernel-amd64")
-		initrd, _ := r.BootAssetURL("initramfs-amd64.xz")
-		return fmt.Errorf("give the Talos kernel and initramfs of the rack's schematic with --kernel and --initrd%s; download them from\n  %s\n  %s\n(arm64 machines: --kernel-arm64 and --initrd-arm64, from the same URLs with arm64)", alternative, kernel, initrd)
-	}
-	return nil
+	return netboot.CheckBoot(r, *cfg)
 }
 
 // parsePoolFlag reads --pool SUBNET,FROM-TO[,gateway=IP][,dns=IP...].

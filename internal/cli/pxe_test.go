@@ -51,7 +51,7 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		{[]string{"--mode", "relay"}, `--mode "relay": use proxy or full`},
+		{[]string{"--mode", "relay"}, `mode "relay": use proxy or full`},
 		{[]string{"--range", "10.0.0.1-10.0.0.9"}, "add --mode full"},
 		{[]string{"--mode", "full", "--range", "10.0.0.9-10.0.0.1"}, "--range"},
 		{[]string{"--mode", "full", "--reserve", "nonsense"}, "want MAC=IP"},
@@ -62,7 +62,7 @@ func TestPXEServeFlagErrors(t *testing.T) {
 		{[]string{"--mode", "full", "--pool", "10.80.1.0,10.80.1.10-10.80.1.20"}, "not an IPv4 network"},
 		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,router=10.80.1.1"}, "only gateway="},
 		{[]string{"--mode", "full", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20,gateway=x"}, "want gateway=IPv4"},
-		{[]string{"--mode", "full", "--gateway", "10.8.0.1", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20"}, "describe the --range pool"},
+		{[]string{"--mode", "full", "--gateway", "10.8.0.1", "--pool", "10.80.1.0/24,10.80.1.10-10.80.1.20"}, "no address range"},
 		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh"}), "--initrd-arm64"},
 		{slices.Concat(boots, []string{"--initrd-arm64", "/bin/sh"}), "--kernel-arm64"},
 		{slices.Concat(boots, []string{"--kernel-arm64", "/bin/sh", "--initrd-arm64", "/nonexistent", "--ipxe-arm64", "/bin/sh"}), "arm64 boot file"},

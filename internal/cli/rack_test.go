@@ -89,7 +89,7 @@ func TestPXEServeRackErrors(t *testing.T) {
 		{[]string{"--rack", filepath.Join(dir, "none.yaml")}, "read rack file"},
 		{[]string{"--rack", withUUID}, "add --allow-unknown"},
 		{[]string{"--rack", macsOnly}, "factory.talos.dev/image/"},
-		{[]string{}, "--interface is required"},
+		{[]string{}, "no interface: name the boot network's interface (--interface"},
 	}
 	for _, tc := range tests {
 		_, stderr, code := run(append([]string{"pxe", "serve"}, tc.args...)...)
