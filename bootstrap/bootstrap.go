@@ -67,7 +67,12 @@ type Options struct {
 }
 
 // Event is one phase change of one node, or of the cluster (Node empty).
+//
+// With `cozyctl bootstrap -o json` each event is one line of JSON on
+// stdout: the lab reads them from its namespace, and so may scripts.
+// Version says which form a reader gets.
 type Event struct {
+	Version int           `json:"v"` // EventVersion
 	Time    time.Time     `json:"time"`
 	Node    string        `json:"node,omitempty"`
 	Role    string        `json:"role,omitempty"`
@@ -76,6 +81,10 @@ type Event struct {
 	Elapsed time.Duration `json:"elapsed"`
 	Message string        `json:"message,omitempty"`
 }
+
+// EventVersion is the version of Event's JSON form. It changes when a
+// field changes meaning or goes away, not when one is added.
+const EventVersion = 1
 
 // Result is what a finished run produced.
 type Result struct {
@@ -272,7 +281,7 @@ func (b *run) emit(node, msg string) {
 	if b.opts.Events == nil {
 		return
 	}
-	e := Event{Time: time.Now(), Elapsed: time.Since(b.start).Round(time.Millisecond), Message: msg}
+	e := Event{Version: EventVersion, Time: time.Now(), Elapsed: time.Since(b.start).Round(time.Millisecond), Message: msg}
 	if node != "" {
 		n := b.st.Node(node)
 		e.Node, e.Role, e.Phase = n.Hostname, n.Role, n.Phase
@@ -286,7 +295,7 @@ func (b *run) emit(node, msg string) {
 // emitCluster reports a cluster-wide event.
 func (b *run) emitCluster(p state.Phase, msg string) {
 	if b.opts.Events != nil {
-		b.opts.Events(Event{Time: time.Now(), Elapsed: time.Since(b.start).Round(time.Millisecond), Phase: p, Message: msg})
+		b.opts.Events(Event{Version: EventVersion, Time: time.Now(), Elapsed: time.Since(b.start).Round(time.Millisecond), Phase: p, Message: msg})
 	}
 }
 

@@ -204,16 +204,19 @@ func TestQEMUArgs(t *testing.T) {
 
 func TestMilestones(t *testing.T) {
 	ev := func(sec int, node, phase string) string {
-		return fmt.Sprintf(`{"time":"2026-11-30T00:00:00Z","node":%q,"phase":%q,"elapsed":%d}`+"\n", node, phase, time.Duration(sec)*time.Second)
+		return fmt.Sprintf(`{"v":1,"time":"2026-11-30T00:00:00Z","node":%q,"phase":%q,"elapsed":%d}`+"\n", node, phase, time.Duration(sec)*time.Second)
 	}
 	events := ev(0, "cp1", "pending") + ev(0, "w1", "pending") +
 		ev(40, "w1", "discovered") + ev(45, "cp1", "discovered") +
 		ev(46, "cp1", "applied") + ev(50, "w1", "applied") +
 		ev(100, "cp1", "configured") + ev(101, "cp1", "etcd") +
 		ev(130, "w1", "configured") +
-		fmt.Sprintf(`{"phase":"etcd","elapsed":%d,"message":%q}`+"\n", 150*time.Second, bootstrap.MessageAPIAnswers) +
+		fmt.Sprintf(`{"v":1,"phase":"etcd","elapsed":%d,"message":%q}`+"\n", 150*time.Second, bootstrap.MessageAPIAnswers) +
 		ev(190, "cp1", "ready") + ev(190, "w1", "ready") + ev(190, "", "ready")
-	got := milestones(strings.NewReader(events), 2*time.Second, 2)
+	got, err := milestones(strings.NewReader(events), 2*time.Second, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []Milestone{
 		{"all machines in maintenance mode", 47 * time.Second},
 		{"all configs applied", 52 * time.Second},
@@ -228,9 +231,15 @@ func TestMilestones(t *testing.T) {
 
 	// A run that stopped early reports what every machine reached, and
 	// output that is not events ends the list without an error.
-	got = milestones(strings.NewReader(ev(40, "w1", "discovered")+ev(45, "cp1", "discovered")+ev(50, "w1", "applied")+"panic: oops\n"), 0, 2)
-	if want := []Milestone{{"all machines in maintenance mode", 45 * time.Second}}; !slices.Equal(got, want) {
-		t.Errorf("partial run: got %v, want %v", got, want)
+	got, err = milestones(strings.NewReader(ev(40, "w1", "discovered")+ev(45, "cp1", "discovered")+ev(50, "w1", "applied")+"panic: oops\n"), 0, 2)
+	if want := []Milestone{{"all machines in maintenance mode", 45 * time.Second}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("partial run: got %v, %v; want %v", got, err, want)
+	}
+
+	// Events of another version (here, before versions) are refused.
+	_, err = milestones(strings.NewReader(`{"time":"2026-11-30T00:00:00Z","node":"cp1","phase":"pending","elapsed":0}`+"\n"), 0, 1)
+	if err == nil || !strings.Contains(err.Error(), "events of version 0, this lab reads version 1") {
+		t.Errorf("unversioned events: %v, want a version error", err)
 	}
 }
 

@@ -236,11 +236,11 @@ func (c *Config) runBootstrap(ctx context.Context, o UpOptions, img kernelimage.
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	ms := milestones(events, time.Since(start), machines)
+	ms, readErr := milestones(events, time.Since(start), machines)
 	if err := cmd.Wait(); err != nil {
 		return ms, fmt.Errorf("cozyctl bootstrap: %w (serial logs: cozyctl lab console NODE --name %s)", err, c.Name)
 	}
-	return ms, nil
+	return ms, readErr
 }
 
 // vmCPU is the CPU time each running VM's QEMU has used.
@@ -261,8 +261,9 @@ func (c *Config) vmCPU(machines []Machine) []VMCPU {
 // was installed, when etcd was bootstrapped, when the API answered and
 // when the bootstrap was done (every control plane in etcd);
 // offset is when the bootstrap started. Milestones not reached by all
-// machines are left out.
-func milestones(events io.Reader, offset time.Duration, machines int) []Milestone {
+// machines are left out. Events of another version than
+// bootstrap.EventVersion are an error: that cozyctl is not this one.
+func milestones(events io.Reader, offset time.Duration, machines int) ([]Milestone, error) {
 	steps := []struct {
 		name  string
 		phase state.Phase
@@ -279,6 +280,10 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 		if err := dec.Decode(&e); err != nil {
 			_, _ = io.Copy(io.Discard, events)
 			break
+		}
+		if e.Version != bootstrap.EventVersion {
+			_, _ = io.Copy(io.Discard, events)
+			return nil, fmt.Errorf("cozyctl bootstrap wrote events of version %d, this lab reads version %d: run the lab and the bootstrap from the same cozyctl", e.Version, bootstrap.EventVersion)
 		}
 		switch {
 		case e.Node == "" && e.Phase == state.Ready:
@@ -323,7 +328,7 @@ func milestones(events io.Reader, offset time.Duration, machines int) []Mileston
 	for i := range out {
 		out[i].At = out[i].At.Round(100 * time.Millisecond)
 	}
-	return out
+	return out, nil
 }
 
 // BootstrapArgs is the `cozyctl bootstrap` command line of the lab, run

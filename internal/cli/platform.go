@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,12 +8,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
-	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/internal/output"
+	"cozy.dev/cozy/platform"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/status"
@@ -109,45 +106,8 @@ exactly what it would write.`,
 	return cmd
 }
 
-// platformInstall is what `platform install` and `bootstrap` share: load
-// Flux's manifests, apply them and the sync objects, wait for the root
-// Kustomization.
-type platformInstall struct {
-	Git       flux.Git
-	Manifests string // --flux-manifests: "" for the pinned release
-	Wait      time.Duration
-}
-
-func (p platformInstall) run(ctx context.Context, g *Globals, cfg *rest.Config) error {
-	log := g.Logger()
-	objs, err := flux.Load(ctx, p.Manifests)
-	if err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", cfg.Host, err)
-	}
-	return flux.Install(ctx, c, flux.Options{
-		Manifests: objs,
-		Git:       p.Git,
-		Wait:      p.Wait,
-		Progress:  func(msg string) { log.Info(msg) },
-		Ready: func(ctx context.Context) (bool, string, error) {
-			return status.RootReady(ctx, c, flux.Namespace, flux.SyncName)
-		},
-	})
-}
-
-// addFlags registers the flags both commands take; bootstrap's Git
-// settings come from the rack instead.
-func (p *platformInstall) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&p.Manifests, "flux-manifests", "", "Flux's install manifests: a file, a folder (kustomized if it has a kustomization.yaml) or a URL; default the "+flux.Version+" release's install.yaml (air-gapped sites pass a local copy)")
-	fs.DurationVar(&p.Wait, "wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder (0: do not wait)")
-}
-
 func newPlatformInstallCommand(g *Globals) *cobra.Command {
-	var p platformInstall
+	var p platform.InstallOptions
 	var rackFile string
 	cmd := &cobra.Command{
 		Use:   "install",
@@ -172,7 +132,7 @@ Git settings come from the flags, else from the rack's platform.git.`,
 				if err != nil {
 					return err
 				}
-				fromRack := gitFromRack(r)
+				fromRack := platform.GitFromRack(r)
 				f := cmd.Flags()
 				if !f.Changed("git-url") {
 					p.Git.URL = fromRack.URL
@@ -188,14 +148,16 @@ Git settings come from the flags, else from the rack's platform.git.`,
 			if err != nil {
 				return err
 			}
-			if err := p.run(cmd.Context(), g, cfg); err != nil {
+			p.Log = g.Logger()
+			if err := platform.Install(cmd.Context(), cfg, p); err != nil {
 				return err
 			}
 			g.Logger().Info("Flux installed; follow the platform with cozyctl platform status", "path", p.Git.Path)
 			return nil
 		},
 	}
-	p.addFlags(cmd.Flags())
+	cmd.Flags().StringVar(&p.Manifests, "flux-manifests", "", fluxManifestsUsage)
+	cmd.Flags().DurationVar(&p.Wait, "wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder (0: do not wait)")
 	cmd.Flags().StringVar(&rackFile, "rack", "", "take the Git settings from the rack's platform.git")
 	cmd.Flags().StringVar(&p.Git.URL, "git-url", "", "the platform repository (https://, http:// or ssh://)")
 	cmd.Flags().StringVar(&p.Git.Branch, "git-branch", "main", "the branch Flux follows")
@@ -206,10 +168,9 @@ Git settings come from the flags, else from the rack's platform.git.`,
 	return cmd
 }
 
-// gitFromRack is the rack's platform.git with its defaults applied.
-func gitFromRack(r *rack.Rack) flux.Git {
-	return flux.Git{URL: r.Platform.Git.URL, Branch: r.Platform.Git.Branch, Path: r.Platform.Git.Path}
-}
+// fluxManifestsUsage is --flux-manifests' help, in platform install and
+// bootstrap.
+const fluxManifestsUsage = "Flux's install manifests: a file, a folder (kustomized if it has a kustomization.yaml) or a URL; default the " + flux.Version + " release's install.yaml (air-gapped sites pass a local copy)"
 
 // statusTable prints one row per component.
 type statusTable struct{ *status.Report }
