@@ -101,13 +101,14 @@ func DefaultDir(name string) string {
 	return filepath.Join(base, "cozy", "labs", name)
 }
 
-// SetDefaults fills what c leaves out and checks the rest.
-func (c *Config) SetDefaults() error {
+// WithDefaults returns c with what it leaves out filled in, or why the
+// rest cannot make a lab.
+func (c Config) WithDefaults() (Config, error) {
 	if c.Name == "" {
 		c.Name = DefaultName
 	}
 	if !labName.MatchString(c.Name) {
-		return fmt.Errorf("lab name %q: use at most 15 lower-case letters, digits and '-'", c.Name)
+		return c, fmt.Errorf("lab name %q: use at most 15 lower-case letters, digits and '-'", c.Name)
 	}
 	if c.Nodes == 0 {
 		c.Nodes = DefaultNodes
@@ -178,7 +179,7 @@ func (c *Config) SetDefaults() error {
 	if c.MemoryMiB < 512 {
 		errs = append(errs, fmt.Errorf("--memory %d: at least 512 MiB", c.MemoryMiB))
 	}
-	return errors.Join(errs...)
+	return c, errors.Join(errs...)
 }
 
 // Network plan of every lab: its own namespace, so the same addresses in

@@ -404,9 +404,11 @@ type upOptions struct {
 // partial result, back: on failure it logs what the cluster was doing.
 func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) (*lab.Result, func(), error) {
 	t.Helper()
-	if err := c.SetDefaults(); err != nil {
+	filled, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
+	*c = filled
 	node := nodeBinary(t)
 	var progress syncbuf.Buffer // the bootstrap's log and progress
 	down := sync.OnceFunc(func() {

@@ -155,7 +155,8 @@ func testLab(t *testing.T, prefix string, nodes int) Config {
 		prereq.Missing(t, "network namespaces need root")
 	}
 	c := Config{Name: fmt.Sprintf("%s%d", prefix, os.Getpid()), Nodes: nodes, Dir: t.TempDir()}
-	if err := c.SetDefaults(); err != nil {
+	c, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
 	return c

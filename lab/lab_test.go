@@ -61,7 +61,8 @@ func TestRackValidates(t *testing.T) {
 		{FirmwareMixed, 1, "https://192.168.77.11:6443"},
 	} {
 		c := Config{Name: "lab-" + tc.fw, Nodes: 4, ControlPlanes: tc.controlPlanes, Firmware: tc.fw, Dir: t.TempDir()}
-		if err := c.SetDefaults(); err != nil {
+		c, err := c.WithDefaults()
+	if err != nil {
 			t.Fatal(err)
 		}
 		r := labRack(t, &c)
@@ -99,7 +100,8 @@ func labRack(t *testing.T, c *Config) *rack.Rack {
 // VM without KVM; its workers' configs do not change.
 func TestRackSlowLeases(t *testing.T) {
 	c := Config{Name: "leases", Nodes: 2, ControlPlanes: 1, Dir: t.TempDir()}
-	if err := c.SetDefaults(); err != nil {
+	c, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
 	r := labRack(t, &c)
@@ -120,7 +122,7 @@ func TestRackSlowLeases(t *testing.T) {
 	}
 }
 
-func TestSetDefaults(t *testing.T) {
+func TestWithDefaults(t *testing.T) {
 	tests := []struct {
 		c       Config
 		wantErr string
@@ -140,13 +142,13 @@ func TestSetDefaults(t *testing.T) {
 		{Config{Image: "talos", Internet: true, NodeServices: "on"}, "--node-services is for the emulated nodes"},
 	}
 	for _, tt := range tests {
-		err := tt.c.SetDefaults()
+		_, err := tt.c.WithDefaults()
 		if (tt.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
 			t.Errorf("%+v: %v, want %q", tt.c, err, tt.wantErr)
 		}
 	}
 	c := Config{}
-	_ = c.SetDefaults()
+	c, _ = c.WithDefaults()
 	if c.Name != "cozy" || c.Nodes != 3 || c.Firmware != "mixed" || c.Accel != "auto" || c.NodeServices != "auto" || !strings.HasSuffix(c.Dir, "cozy/labs/cozy") {
 		t.Errorf("defaults: %+v", c)
 	}
@@ -249,7 +251,8 @@ func TestMilestones(t *testing.T) {
 func TestTalosImage(t *testing.T) {
 	f := factorytest.Start(t)
 	c := Config{Name: "t", Dir: t.TempDir(), Image: "talos", Internet: true, Factory: f.URL}
-	if err := c.SetDefaults(); err != nil {
+	c, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
 	r := labRack(t, &c)

@@ -61,9 +61,11 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c.Name, c.Dir = *name, *dir
-			if err := c.SetDefaults(); err != nil {
+			filled, err := c.WithDefaults()
+			if err != nil {
 				return err
 			}
+			c = filled
 			self, err := os.Executable()
 			if err != nil {
 				return err

@@ -89,7 +89,9 @@ type Binaries struct {
 	CNIDir string
 }
 
-func (b *Binaries) withDefaults() {
+// withDefaults names each binary left out by its own name (found on
+// PATH), the CNI plugins by their usual folder.
+func (b Binaries) withDefaults() Binaries {
 	for _, d := range []struct {
 		p    *string
 		name string
@@ -102,6 +104,7 @@ func (b *Binaries) withDefaults() {
 			*d.p = d.name
 		}
 	}
+	return b
 }
 
 // Platform says what the node runs on, as Talos's platform does.
@@ -281,7 +284,7 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("reboot %q: want %s or %s", c.Reboot, RebootInProcess, RebootExit))
 	}
-	c.Bin.withDefaults()
+	c.Bin = c.Bin.withDefaults()
 	switch c.Platform {
 	case "":
 		c.Platform = PlatformMetal

@@ -456,7 +456,8 @@ func fluxBinaries(t *testing.T) string {
 
 func labRack(t *testing.T) *rack.Rack {
 	c := lab.Config{Name: "lab", Dir: "/var/lib/cozy/labs/lab"}
-	if err := c.SetDefaults(); err != nil {
+	c, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
 	r, err := rack.Parse(c.Rack(), "lab-rack.yaml", t.TempDir())

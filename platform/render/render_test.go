@@ -23,7 +23,8 @@ const repoRoot = "../.."
 func labRack(t testing.TB) *rack.Rack {
 	t.Helper()
 	c := lab.Config{Name: "lab", Dir: "/var/lib/cozy/labs/lab"}
-	if err := c.SetDefaults(); err != nil {
+	c, err := c.WithDefaults()
+	if err != nil {
 		t.Fatal(err)
 	}
 	r, err := rack.Parse(c.Rack(), "lab-rack.yaml", t.TempDir())
