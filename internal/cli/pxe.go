@@ -271,42 +271,31 @@ func applyRack(cfg *pxe.Config, local *pxe.Network, relayed *[]pxe.Network, file
 	if err != nil {
 		return err
 	}
-	if !set("interface") {
-		cfg.Interface = base.Interface
-	}
-	if !set("mode") {
-		cfg.Mode = base.Mode
-	}
-	if !set("lease-time") {
-		cfg.LeaseTime = base.LeaseTime
-	}
+	fromRack(set, "interface", &cfg.Interface, base.Interface)
+	fromRack(set, "mode", &cfg.Mode, base.Mode)
+	fromRack(set, "lease-time", &cfg.LeaseTime, base.LeaseTime)
 	// A full-mode rack's fixed addresses and pools, its own pool first,
 	// unless --mode proxy overrides its mode.
-	if !set("reserve") && cfg.Mode == "full" {
-		cfg.Reservations = base.Reservations
-	}
 	if len(base.Networks) > 0 && cfg.Mode == "full" {
 		rl := base.Networks[0]
-		if !set("range") {
-			local.Pool = rl.Pool
-		}
-		if !set("subnet") {
-			local.Subnet = rl.Subnet
-		}
-		if !set("gateway") {
-			local.Gateway = rl.Gateway
-		}
-		if !set("dns") {
-			local.DNS = rl.DNS
-		}
-		if !set("pool") {
-			*relayed = base.Networks[1:]
-		}
+		fromRack(set, "reserve", &cfg.Reservations, base.Reservations)
+		fromRack(set, "range", &local.Pool, rl.Pool)
+		fromRack(set, "subnet", &local.Subnet, rl.Subnet)
+		fromRack(set, "gateway", &local.Gateway, rl.Gateway)
+		fromRack(set, "dns", &local.DNS, rl.DNS)
+		fromRack(set, "pool", relayed, base.Networks[1:])
 	}
 	cfg.AllowMACs = append(cfg.AllowMACs, base.AllowMACs...)
 	cfg.SNPOnly = append(cfg.SNPOnly, base.SNPOnly...)
 	cfg.Talos = true
 	return netboot.CheckBoot(r, *cfg)
+}
+
+// fromRack sets *dst to the rack's value unless the user gave flag.
+func fromRack[T any](set func(string) bool, flag string, dst *T, rackValue T) {
+	if !set(flag) {
+		*dst = rackValue
+	}
 }
 
 // parsePoolFlag reads --pool SUBNET,FROM-TO[,gateway=IP][,dns=IP...].
