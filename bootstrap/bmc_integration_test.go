@@ -19,6 +19,7 @@ import (
 	"cozy.dev/cozy/bmc"
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/lab/redfishbmc"
 	"cozy.dev/cozy/lab/redfishbmc/bmctest"
 )
@@ -298,9 +299,7 @@ func TestReprovisionThroughBMC(t *testing.T) {
 // reprovision runs `cozyctl machine reprovision ARGS` in the rig's
 // namespace and returns its rows, what it printed, and how it exited.
 func reprovision(ctx context.Context, r *rackRig, args ...string) ([]bootstrap.Reprovisioned, string, error) {
-	self, _ := os.Executable()
-	cmd := r.ns.Command(ctx, self, append([]string{"machine", "reprovision", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json"}, args...)...)
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	cmd := r.ns.Command(ctx, cozyctl.Path(r.t), append([]string{"machine", "reprovision", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json"}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -26,6 +26,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
@@ -137,12 +138,10 @@ type run struct {
 // bootstrap starts `cozyctl bootstrap -o json` in the namespace.
 func (r *rackRig) bootstrap(extra ...string) *run {
 	r.t.Helper()
-	self, _ := os.Executable()
 	args := append([]string{"bootstrap", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json",
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--timeout", "90s", "--log-level", "debug"}, extra...)
-	p := &run{cmd: r.ns.Command(context.Background(), self, args...), stderr: &syncbuf.Buffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
-	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p := &run{cmd: r.ns.Command(context.Background(), cozyctl.Path(r.t), args...), stderr: &syncbuf.Buffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {

@@ -4,19 +4,15 @@ import (
 	"os"
 	"testing"
 
-	"cozy.dev/cozy/internal/cli"
 	"cozy.dev/cozy/lab/talosnode"
 )
 
-// The test binary doubles as cozyctl (COZY_TEST_RUN_CLI=1) and as the
-// emulated Talos node (COZY_TEST_RUN_TALOS_NODE=1), so both run as real
-// processes inside the test's network namespace. No build tag on purpose:
-// under any tags a re-executed binary must never run the tests again.
+// The test binary doubles as the emulated Talos node
+// (COZY_TEST_RUN_TALOS_NODE=1), so nodes run as real processes inside the
+// test's network namespace. No build tag on purpose: under any tags a
+// re-executed binary must never run the tests again.
 func TestMain(m *testing.M) {
-	switch {
-	case os.Getenv("COZY_TEST_RUN_CLI") == "1":
-		os.Exit(cli.Execute(os.Args[1:], os.Stdout, os.Stderr))
-	case os.Getenv("COZY_TEST_RUN_TALOS_NODE") == "1":
+	if os.Getenv("COZY_TEST_RUN_TALOS_NODE") == "1" {
 		os.Exit(talosnode.Main(append(os.Args[1:], "--debug"), os.Stderr))
 	}
 	os.Exit(m.Run())

@@ -20,6 +20,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 
 	"cozy.dev/cozy/internal/netns"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/verdict"
 	"cozy.dev/cozy/lab"
 )
@@ -51,11 +52,11 @@ func TestBenchLabBMC(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := listenDiscovers(t, lab.Namespace(c.Name))
-	self, _ := os.Executable()
+	bin := cozyctl.Path(t)
 	machine := func(args ...string) time.Duration {
 		t.Helper()
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name), self, "machine"},
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name), bin, "machine"},
 			append(args, "--rack", filepath.Join(c.Dir, lab.RackFile))...)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("cozyctl machine %v: %v\n%s", args, err, out)

@@ -39,6 +39,7 @@ import (
 	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/testing/clustertest"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
@@ -217,9 +218,9 @@ func checkNodes(t *testing.T, kubectl clustertest.Kubectl, c *lab.Config, servic
 // hardware from its BMC, inside the lab's namespace.
 func checkBMCs(t *testing.T, c *lab.Config) {
 	t.Helper()
-	self, _ := os.Executable()
+	bin := cozyctl.Path(t)
 	machine := func(args ...string) []power.Row {
-		cmd := exec.Command("ip", append([]string{"netns", "exec", lab.Namespace(c.Name), self, "machine"},
+		cmd := exec.Command("ip", append([]string{"netns", "exec", lab.Namespace(c.Name), bin, "machine"},
 			append(args, "--all", "--rack", filepath.Join(c.Dir, lab.RackFile), "-o", "json")...)...)
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
@@ -418,14 +419,12 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) 
 		keepArtifacts(t, c, progress.String())
 	})
 	t.Cleanup(down)
-	t.Setenv("COZY_TEST_RUN_CLI", "1") // the bootstrap runs this binary as cozyctl
-	self, _ := os.Executable()
 	timeout := map[bool]time.Duration{false: 15 * time.Minute, true: 25 * time.Minute}[c.NodeServices == lab.NodeServicesOn]
 	if opts.nodesWait > 0 {
 		timeout = opts.nodesWait
 	}
 	res, err := lab.Up(ctx, c, lab.UpOptions{
-		Cozyctl: self, CacheDir: cachedir.Dir(),
+		Cozyctl: cozyctl.Path(t), CacheDir: cachedir.Dir(),
 		Image: func(ctx context.Context) (kernelimage.Image, error) {
 			img, err := nodeimage.Build(ctx, nodeimage.Options{
 				NodeBinary: node, KernelDir: os.Getenv("COZY_BOOT_ASSETS"), KubernetesDir: os.Getenv("KUBEBUILDER_ASSETS"),

@@ -62,7 +62,7 @@ func TestRackValidates(t *testing.T) {
 	} {
 		c := Config{Name: "lab-" + tc.fw, Nodes: 4, ControlPlanes: tc.controlPlanes, Firmware: tc.fw, Dir: t.TempDir()}
 		c, err := c.WithDefaults()
-	if err != nil {
+		if err != nil {
 			t.Fatal(err)
 		}
 		r := labRack(t, &c)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/internal/procstat"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/verdict"
@@ -323,12 +324,10 @@ func startCozyBench(t *testing.T, ns *netnstest.NS, dir string) *exec.Cmd {
 			t.Fatal(err)
 		}
 	}
-	self, _ := os.Executable()
-	cmd := ns.Command(context.Background(), self, "pxe", "serve", "--log-level", "error", "--interface", "boot0",
+	cmd := ns.Command(context.Background(), cozyctl.Path(t), "pxe", "serve", "--log-level", "error", "--interface", "boot0",
 		"--mode", "full", "--range", "10.78.1.0-10.78.200.255", "--allow-unknown", "--lease-time", "1h",
 		"--state-dir", filepath.Join(dir, "state"), "--kernel", filepath.Join(dir, "k"), "--initrd", filepath.Join(dir, "i"),
 		"--ipxe-bios", filepath.Join(dir, "b"), "--ipxe-uefi", filepath.Join(dir, "u"))
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	return startLogged(t, cmd, dir)
 }
 

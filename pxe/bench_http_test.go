@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"cozy.dev/cozy/internal/procstat"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/verdict"
@@ -65,11 +66,9 @@ func TestBenchHTTPFanOut(t *testing.T) {
 			for _, n := range []string{"k", "b", "u"} {
 				_ = os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o644)
 			}
-			self, _ := os.Executable()
-			cmd := ns.Command(context.Background(), self, "pxe", "serve", "--log-level", "error", "--interface", "boot0",
+			cmd := ns.Command(context.Background(), cozyctl.Path(t), "pxe", "serve", "--log-level", "error", "--interface", "boot0",
 				"--allow-unknown", "--state-dir", filepath.Join(dir, "state"), "--kernel", filepath.Join(dir, "k"),
 				"--initrd", initrd, "--ipxe-bios", filepath.Join(dir, "b"), "--ipxe-uefi", filepath.Join(dir, "u"))
-			cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 			return startLogged(t, cmd, logDir(t, dir, "cozy"))
 		}},
 		{"nginx", "/initrd", func(t *testing.T, ns *netnstest.NS) *exec.Cmd {

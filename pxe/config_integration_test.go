@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/insomniacslk/dhcp/iana"
+
+	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 func TestMachineConfigOnlyForItsMachine(t *testing.T) {
@@ -83,12 +85,10 @@ func TestMachineConfigMustBePrivate(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte("machine: {}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	self, _ := os.Executable()
-	cmd := r.srv.Command(context.Background(), self, "pxe", "serve", "--interface", "boot0", "--state-dir", r.state,
+	cmd := r.srv.Command(context.Background(), cozyctl.Path(t), "pxe", "serve", "--interface", "boot0", "--state-dir", r.state,
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--ipxe-bios", filepath.Join(r.dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(r.dir, "ipxe.efi"),
 		"--machine-config", clientMAC.String()+"="+cfgFile)
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "chmod 600") {
 		t.Fatalf("a world-readable machine config was served: %v\n%s", err, out)

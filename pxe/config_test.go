@@ -125,8 +125,3 @@ func failed(t *testing.T, err error, wantErr string) bool {
 	}
 	return err != nil
 }
-
-func with(c Config, f func(*Config)) Config {
-	f(&c)
-	return c
-}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"cozy.dev/cozy/internal/cli"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
@@ -253,7 +253,6 @@ func TestQEMUNetboot(t *testing.T) {
 	}
 	defer func() { _ = dnsmasq.Process.Kill(); _ = dnsmasq.Wait() }()
 
-	self, _ := os.Executable()
 	serverLog := &syncbuf.Buffer{}
 	state := filepath.Join(dir, "state")
 	args := []string{"pxe", "serve", "--interface", "br0", "--state-dir", state,
@@ -271,8 +270,7 @@ func TestQEMUNetboot(t *testing.T) {
 			"--cmdline-arm64", "console=ttyAMA0 panic=-1 cozy.server="+server+":8080",
 			"--ipxe-arm64", filepath.Join(armAssets, "ipxe-arm64.efi"))
 	}
-	srv := ns.Command(ctx, self, args...)
-	srv.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	srv := ns.Command(ctx, cozyctl.Path(t), args...)
 	srv.Stderr = serverLog
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -373,12 +371,12 @@ func TestQEMUNetboot(t *testing.T) {
 	}
 	var machines []inventory.Machine
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		var out, errOut bytes.Buffer
-		if cli.Execute([]string{"pxe", "machines", "--state-dir", state, "-o", "json"}, &out, &errOut) != 0 {
+		out, err := exec.Command(cozyctl.Path(t), "pxe", "machines", "--state-dir", state, "-o", "json").Output()
+		if err != nil {
 			continue
 		}
-		if err := json.Unmarshal(out.Bytes(), &machines); err != nil {
-			t.Fatalf("pxe machines -o json: %v\n%s", err, out.String())
+		if err := json.Unmarshal(out, &machines); err != nil {
+			t.Fatalf("pxe machines -o json: %v\n%s", err, out)
 		}
 		done := 0
 		for _, m := range machines {

@@ -21,6 +21,7 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/pin/tftp/v3"
 
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 )
@@ -73,18 +74,13 @@ type proc struct {
 // exit cleanly.
 func (r *rig) start(t *testing.T, extra ...string) *proc {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	args := append([]string{"pxe", "serve", "--log-level", "debug",
 		"--interface", "boot0", "--state-dir", r.state,
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
 		"--cmdline", "console=ttyS0",
 		"--ipxe-bios", filepath.Join(r.dir, "undionly.kpxe"), "--ipxe-uefi", filepath.Join(r.dir, "ipxe.efi"),
 	}, extra...)
-	p := &proc{cmd: r.srv.Command(context.Background(), self, args...), exited: make(chan error, 1), stderr: &syncbuf.Buffer{}}
-	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p := &proc{cmd: r.srv.Command(context.Background(), cozyctl.Path(t), args...), exited: make(chan error, 1), stderr: &syncbuf.Buffer{}}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -339,14 +335,12 @@ func (r *rig) metrics(t *testing.T) string {
 
 func TestServeRefusesToAnswerEveryone(t *testing.T) {
 	srv := netnstest.New(t, "srv")
-	self, _ := os.Executable()
 	dir := t.TempDir()
 	for _, f := range []string{"k", "i"} {
 		_ = os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644)
 	}
-	cmd := srv.Command(context.Background(), self, "pxe", "serve", "--interface", "lo",
+	cmd := srv.Command(context.Background(), cozyctl.Path(t), "pxe", "serve", "--interface", "lo",
 		"--kernel", filepath.Join(dir, "k"), "--initrd", filepath.Join(dir, "i"))
-	cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--allow-unknown") {
 		t.Fatalf("want a refusal naming --allow-unknown, got %v: %s", err, out)

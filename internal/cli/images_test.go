@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 )
@@ -42,13 +43,8 @@ var servingAddr = regexp.MustCompile(`msg="registry serving" addr=(127\.0\.0\.1:
 // storing under dir, and waits until it answers.
 func serveRegistry(t *testing.T, dir string) *registryProc {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := &registryProc{stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
-	p.cmd = exec.Command(self, "registry", "serve", "--listen", "127.0.0.1:0", "--dir", dir)
-	p.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
+	p.cmd = exec.Command(cozyctl.Path(t), "registry", "serve", "--listen", "127.0.0.1:0", "--dir", dir)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosapi"
 	"cozy.dev/cozy/bootstrap/talosconfig"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
@@ -113,11 +114,9 @@ func TestNodeVM(t *testing.T) {
 	if err := os.WriteFile(rackFile, []byte(rackYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	self, _ := os.Executable()
 	serverLog := &syncbuf.Buffer{}
-	srv := ns.Command(ctx, self, "pxe", "serve", "--rack", rackFile, "--state-dir", filepath.Join(dir, "pxe"),
+	srv := ns.Command(ctx, cozyctl.Path(t), "pxe", "serve", "--rack", rackFile, "--state-dir", filepath.Join(dir, "pxe"),
 		"--kernel", img.Kernel, "--initrd", img.Initrd, "--cmdline", img.Cmdline+" "+nodeimage.APIOnlyArg)
-	srv.Env = append(os.Environ(), "COZY_TEST_RUN_CLI=1")
 	srv.Stderr = serverLog
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
