@@ -3,7 +3,15 @@
 # in verdict lines (internal/testing/verdict); then one table of all verdicts,
 # dated, with the commit. A failing benchmark does not stop the others;
 # the script fails at the end if any did. The log is kept in bin/bench.log.
+# --no-lab leaves out the lab's benchmarks (about 100 of the 120 minutes),
+# and the table says so.
 set -uo pipefail
+lab=1
+case "${1:-}" in
+--no-lab) lab=0 ;;
+"") ;;
+*) echo "usage: hack/bench.sh [--no-lab]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 log=bin/bench.log
 mkdir -p bin
@@ -18,12 +26,14 @@ hack/install-deps.sh bench || exit 1
 KUBEBUILDER_ASSETS="$(hack/envtest-assets.sh)" || exit 1
 export KUBEBUILDER_ASSETS
 go_test -tags 'integration bench' -timeout 30m -run 'Bench' ./pxe/ ./bootstrap/ ./operators/tenantcluster/
-COZY_BOOT_ASSETS="$(hack/boot-assets.sh)" COZY_NODE_ASSETS="$(hack/node-assets.sh)" COZY_LAB_IMAGES="$(hack/lab-images.sh)" \
-	COZY_NODE_BINARY="$PWD/bin/cozy-talos-node" \
-	go_test -tags 'integration lab bench' -timeout 100m -run 'TestBenchLab' ./lab/
+if [ "$lab" = 1 ]; then
+	COZY_BOOT_ASSETS="$(hack/boot-assets.sh)" COZY_NODE_ASSETS="$(hack/node-assets.sh)" COZY_LAB_IMAGES="$(hack/lab-images.sh)" \
+		COZY_NODE_BINARY="$PWD/bin/cozy-talos-node" \
+		go_test -tags 'integration lab bench' -timeout 100m -run 'TestBenchLab' ./lab/
+fi
 
 echo
-echo "## make bench, $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)'), $(nproc) cores"
+echo "## make bench, $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)'), $(nproc) cores$([ "$lab" = 1 ] || echo ', without the lab (--no-lab)')"
 echo
 echo "| benchmark | measured | goal | verdict |"
 echo "|---|---|---|---|"
