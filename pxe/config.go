@@ -254,7 +254,7 @@ func (p *plan) resolveAddresses() error {
 	p.networks = make([]Network, len(p.Networks))
 	for i, n := range p.Networks {
 		if !n.Subnet.IsValid() {
-			n.Subnet = link
+			n.Subnet = link.Masked()
 		}
 		p.networks[i] = n
 	}
