@@ -117,9 +117,9 @@ func (n Network) String() string { return n.Subnet.String() + " " + n.Pool.Strin
 // checked, the machines that may boot listed, the interface's address and
 // network looked up. The server runs from a plan alone.
 type plan struct {
-	Config // with its defaults, AllowMACs with MachineConfigs' MACs
-	// networks is Networks with every Subnet known and masked.
-	networks []Network
+	// Config with its defaults; AllowMACs with MachineConfigs' MACs;
+	// Networks, a copy, with every Subnet known and masked.
+	Config
 	// snpOnly is SNPOnly in canonical form (MAC as net prints it, UUID
 	// in lower case), as a set.
 	snpOnly map[string]bool
@@ -251,12 +251,12 @@ func (p *plan) resolveAddresses() error {
 			p.ServerIP = link.Addr()
 		}
 	}
-	p.networks = make([]Network, len(p.Networks))
-	for i, n := range p.Networks {
-		if !n.Subnet.IsValid() {
-			n.Subnet = link.Masked()
+	// A copy: the caller's Config keeps its own.
+	p.Networks = slices.Clone(p.Networks)
+	for i := range p.Networks {
+		if !p.Networks[i].Subnet.IsValid() {
+			p.Networks[i].Subnet = link.Masked()
 		}
-		p.networks[i] = n
 	}
 	return p.checkNetworks()
 }
@@ -345,8 +345,8 @@ func exists(path string) bool {
 // network, that no two networks overlap, and that every reservation is
 // on one of them.
 func (p *plan) checkNetworks() error {
-	for i := range p.networks {
-		n := &p.networks[i]
+	for i := range p.Networks {
+		n := &p.Networks[i]
 		if !n.Pool.First.IsValid() {
 			return fmt.Errorf("network %v has no address range: a subnet, gateway or DNS server describes a pool (--range FROM-TO), or give each pool its own (--pool SUBNET,FROM-TO,gateway=IP,dns=IP)", n.Subnet)
 		}
@@ -358,7 +358,7 @@ func (p *plan) checkNetworks() error {
 	// Each pool inside its network, no two networks overlapping: the
 	// lease store's rules, checked before anything is opened. Proxy mode
 	// has no pools.
-	if len(p.networks) > 0 {
+	if len(p.Networks) > 0 {
 		if err := lease.CheckNetworks(p.leaseNetworks()); err != nil {
 			return err
 		}
@@ -375,8 +375,8 @@ func (p *plan) checkNetworks() error {
 // the reservations on its network (one on none is checkNetworks' to
 // refuse).
 func (p *plan) leaseNetworks() []lease.Network {
-	nets := make([]lease.Network, len(p.networks))
-	for i, n := range p.networks {
+	nets := make([]lease.Network, len(p.Networks))
+	for i, n := range p.Networks {
 		nets[i] = lease.Network{Subnet: n.Subnet, Pool: n.Pool}
 	}
 	for mac, ip := range p.Reservations {
@@ -393,7 +393,7 @@ func (p *plan) leaseNetworks() []lease.Network {
 }
 
 func (p *plan) networkOf(ip netip.Addr) int {
-	for i, n := range p.networks {
+	for i, n := range p.Networks {
 		if n.Subnet.Contains(ip) {
 			return i
 		}
@@ -403,7 +403,7 @@ func (p *plan) networkOf(ip netip.Addr) int {
 
 func (p *plan) networkList() string {
 	var out []string
-	for _, n := range p.networks {
+	for _, n := range p.Networks {
 		out = append(out, n.Subnet.String())
 	}
 	return strings.Join(out, ", ")

@@ -74,7 +74,7 @@ func TestResolveNetworks(t *testing.T) {
 				return
 			}
 			var got []string
-			for _, n := range p.networks {
+			for _, n := range p.Networks {
 				got = append(got, n.String())
 			}
 			if strings.Join(got, "; ") != strings.Join(tc.want, "; ") {
@@ -110,6 +110,22 @@ func TestResolveLeavesConfigAlone(t *testing.T) {
 	}
 	if len(p.AllowMACs) != 2 || !p.Talos || p.HTTPPort != 8080 || p.Mode != "proxy" {
 		t.Errorf("plan: allowed %v, talos %v, HTTP port %d, mode %q; want both MACs, Talos, 8080, proxy", p.AllowMACs, p.Talos, p.HTTPPort, p.Mode)
+	}
+
+	// Nor the caller's pools, whose networks the plan masks.
+	full := archConfig(dir)
+	full.Mode = "full"
+	pool, _ := lease.ParsePool("10.80.1.100-10.80.1.199")
+	full.Networks = []Network{{Subnet: netip.MustParsePrefix("10.80.1.7/24"), Pool: pool}}
+	before = fmt.Sprintf("%+v", full)
+	if p, err = full.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if after := fmt.Sprintf("%+v", full); after != before {
+		t.Errorf("resolve changed its Config's pools:\n%s\nto\n%s", before, after)
+	}
+	if got := p.Networks[0].Subnet.String(); got != "10.80.1.0/24" {
+		t.Errorf("plan's network %s, want 10.80.1.0/24", got)
 	}
 }
 

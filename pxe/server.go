@@ -164,7 +164,7 @@ func (s *server) fullResponder(bootCfg dhcp.Config) (*dhcp.Full, error) {
 		AllowAddress: s.allowed,
 		LeaseTime:    cfg.LeaseTime,
 	}
-	for i, n := range cfg.networks {
+	for i, n := range cfg.Networks {
 		dn := dhcp.Network{Subnet: n.Subnet, DNS: n.DNS, Leases: s.leases.Network(i)}
 		if n.Gateway.IsValid() {
 			dn.Routers = []netip.Addr{n.Gateway}
@@ -428,7 +428,7 @@ func (s *server) run(ctx context.Context) error {
 
 	attrs := []any{"interface", cfg.Interface, "ip", cfg.ServerIP, "http", s.base,
 		"mode", cfg.Mode, "allowUnknown", cfg.AllowUnknown, "machines", len(cfg.AllowMACs)}
-	for i, n := range cfg.networks {
+	for i, n := range cfg.Networks {
 		attrs = append(attrs, fmt.Sprintf("pool%d", i), n.String())
 	}
 	log.Info("netboot server up", attrs...)
