@@ -27,10 +27,10 @@ import (
 
 func newBootstrapCommand(g *Globals) *cobra.Command {
 	var (
-		rackFile                    string
-		dryRun, noNetboot, noPlatfm bool
-		opts                        bootstrap.UpOptions
-		platformOpts                platform.InstallOptions
+		rackFile                      string
+		dryRun, noNetboot, noPlatform bool
+		opts                          bootstrap.UpOptions
+		platformOpts                  platform.InstallOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "bootstrap",
@@ -78,9 +78,8 @@ prints what each machine would get and changes nothing.`,
 			case !noNetboot:
 				opts.InventoryDir = "" // only --no-netboot reads another server's
 			}
-			if !noPlatfm {
-				platformOpts.Log = g.Logger()
-				opts.Platform = &platformOpts
+			if !noPlatform {
+				opts.Platform = &platformOpts // logs to opts.Log
 			}
 			opts.Rack, opts.Log = r, g.Logger()
 			opts.Events = newProgress(g).event
@@ -109,7 +108,7 @@ prints what each machine would get and changes nothing.`,
 	f.DurationVar(&opts.NetbootTimeout, "netboot-timeout", 10*time.Minute, "how long a machine powered on through its BMC has to netboot before it is power-cycled once more, then reported")
 	f.IntVar(&opts.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
 	_ = f.MarkHidden("talos-port")
-	f.BoolVar(&noPlatfm, "no-platform", false, "stop at the kubeconfig: do not install Flux even if the rack has platform.git")
+	f.BoolVar(&noPlatform, "no-platform", false, "stop at the kubeconfig: do not install Flux even if the rack has platform.git")
 	f.StringVar(&platformOpts.Manifests, "flux-manifests", "", fluxManifestsUsage)
 	f.DurationVar(&platformOpts.Wait, "platform-wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder")
 	_ = cmd.MarkFlagRequired("rack")
