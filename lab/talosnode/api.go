@@ -13,6 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/version"
@@ -158,8 +159,10 @@ func (s *configuredServer) ApplyConfiguration(ctx context.Context, req *machine.
 }
 
 // Bootstrap starts etcd as a new cluster, then kube-apiserver: once, on a
-// control plane whose disk holds no etcd data.
-func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRequest) (*machine.BootstrapResponse, error) {
+// control plane whose disk holds no etcd data. With RecoverEtcd the new
+// cluster's data is the snapshot EtcdRecover uploaded (Talos's disaster
+// recovery); the other control planes then join it as after a bootstrap.
+func (s *configuredServer) Bootstrap(ctx context.Context, req *machine.BootstrapRequest) (*machine.BootstrapResponse, error) {
 	n := s.node
 	mc := n.runningConfig()
 	if !mc.Machine().Type().IsControlPlane() {
@@ -173,9 +176,19 @@ func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRe
 	if n.bootstrapped() || n.cp != nil {
 		return nil, status.Error(codes.AlreadyExists, "etcd data directory is not empty")
 	}
+	if req.GetRecoverEtcd() {
+		if _, err := n.recoverySnapshot(); err != nil {
+			return nil, err
+		}
+	}
 	for _, bin := range []string{n.cfg.Bin.Etcd, n.cfg.Bin.APIServer} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "the emulated node cannot run %s: %s (set --etcd and --kube-apiserver)", bin, err)
+		}
+	}
+	if req.GetRecoverEtcd() {
+		if err := n.restoreSnapshot(n.hostname, req.GetRecoverSkipHashCheck()); err != nil {
+			return nil, err
 		}
 	}
 	if err := writeFileAtomic(filepath.Join(n.cfg.StateDir, BootstrappedFile), nil, 0o600); err != nil {
@@ -187,7 +200,11 @@ func (s *configuredServer) Bootstrap(ctx context.Context, _ *machine.BootstrapRe
 		return nil, status.Errorf(codes.Internal, "start etcd and kube-apiserver: %s", err)
 	}
 	n.cp = cp
-	n.log.Info("bootstrap: etcd and kube-apiserver started", "logs", filepath.Join(n.cfg.StateDir, LogDir))
+	how := "bootstrap"
+	if req.GetRecoverEtcd() {
+		how = "bootstrap from a snapshot"
+	}
+	n.log.Info(how+": etcd and kube-apiserver started", "logs", filepath.Join(n.cfg.StateDir, LogDir))
 	return &machine.BootstrapResponse{Messages: []*machine.Bootstrap{{}}}, nil
 }
 
@@ -250,10 +267,35 @@ func (s *configuredServer) Shutdown(ctx context.Context, _ *machine.ShutdownRequ
 
 // Reset wipes the node's disk (config, etcd data, bootstrap marker) and
 // reboots it into maintenance mode, or powers it off without Reboot.
+// Naming only the EPHEMERAL partition wipes what the node runs with (etcd
+// data, the bootstrap marker, the system directories) and keeps STATE,
+// its config: it reboots configured, with etcd waiting for a bootstrap or
+// a cluster to join, the state Talos's disaster recovery starts from.
 func (s *configuredServer) Reset(ctx context.Context, req *machine.ResetRequest) (*machine.ResetResponse, error) {
 	t := resetOff
 	if req.GetReboot() {
 		t = reset
+	}
+	if parts := req.GetSystemPartitionsToWipe(); len(parts) > 0 {
+		if req.GetMode() == machine.ResetRequest_USER_DISKS {
+			return nil, status.Error(codes.InvalidArgument, "reset failed: invalid input, wipe mode USER_DISKS doesn't support SystemPartitionsToWipe parameter")
+		}
+		wipeState := false
+		for _, p := range parts {
+			switch p.GetLabel() {
+			case constants.EphemeralPartitionLabel:
+			case constants.StatePartitionLabel:
+				wipeState = wipeState || p.GetWipe()
+			default:
+				return nil, status.Errorf(codes.NotFound, "failed to get volume status with label %q: the emulated node has the STATE and EPHEMERAL volumes", p.GetLabel())
+			}
+		}
+		if !wipeState {
+			if !req.GetReboot() {
+				return nil, status.Error(codes.Unimplemented, "the emulated node wipes EPHEMERAL alone only with a reboot")
+			}
+			t = resetEphemeral
+		}
 	}
 	id, err := s.node.powerTransition(ctx, t, runtime.MachineStageResetting)
 	if err != nil {

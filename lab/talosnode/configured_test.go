@@ -272,6 +272,62 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		}
 	})
 
+	t.Run("etcd APIs before a bootstrap", func(t *testing.T) {
+		c := configClient(t, tc, n.endpoint())
+		if _, err := c.EtcdStatus(ctx); codeOf(err) != "Unavailable" {
+			t.Errorf("EtcdStatus before a bootstrap: %v, want Unavailable", err)
+		}
+		r, err := c.EtcdSnapshot(ctx, &machine.EtcdSnapshotRequest{})
+		if err == nil {
+			_, err = io.ReadAll(r)
+		}
+		if codeOf(err) != "Unavailable" {
+			t.Errorf("EtcdSnapshot before a bootstrap: %v, want Unavailable", err)
+		}
+		err = c.Bootstrap(ctx, &machine.BootstrapRequest{RecoverEtcd: true})
+		if codeOf(err) != "FailedPrecondition" || !strings.Contains(err.Error(), "no etcd snapshot to recover from") {
+			t.Errorf("Bootstrap from a snapshot never uploaded: %v, want FailedPrecondition", err)
+		}
+	})
+
+	t.Run("bad resets are refused", func(t *testing.T) {
+		for _, bad := range []struct {
+			name string
+			req  *machine.ResetRequest
+			code string
+		}{
+			{"unknown volume", &machine.ResetRequest{Reboot: true, SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "DATA", Wipe: true}}}, "NotFound"},
+			{"system volumes with USER_DISKS", &machine.ResetRequest{Reboot: true, Mode: machine.ResetRequest_USER_DISKS, SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}}, "InvalidArgument"},
+			{"EPHEMERAL without a reboot", &machine.ResetRequest{SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}}, "Unimplemented"},
+		} {
+			if err := configClient(t, tc, n.endpoint()).ResetGeneric(ctx, bad.req); codeOf(err) != bad.code {
+				t.Errorf("%s: %v, want %s", bad.name, err, bad.code)
+			}
+		}
+	})
+
+	t.Run("an EPHEMERAL reset keeps the config", func(t *testing.T) {
+		marker := filepath.Join(cfg.StateDir, talosnode.EtcdDir, "member")
+		if err := os.MkdirAll(marker, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		err := configClient(t, tc, n.endpoint()).ResetGeneric(ctx, &machine.ResetRequest{Reboot: true,
+			SystemPartitionsToWipe: []*machine.ResetPartitionSpec{{Label: "EPHEMERAL", Wipe: true}}})
+		if err != nil {
+			t.Fatalf("Reset of EPHEMERAL: %v", err)
+		}
+		poll.Within(t, 30*time.Second, 100*time.Millisecond, "the etcd data wiped", func() error {
+			if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("stat %s: %v", marker, err)
+			}
+			return nil
+		})
+		waitConfigured(t, n, tc)
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("the config is gone after an EPHEMERAL reset: %v", err)
+		}
+	})
+
 	t.Run("reset goes back to maintenance", func(t *testing.T) {
 		// A node without node services runs in the host's mount
 		// namespace: its reset must leave the host's mounts alone (once it
@@ -338,6 +394,12 @@ func TestWorker(t *testing.T) {
 	}
 	if _, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{}); codeOf(err) != "Unimplemented" {
 		t.Errorf("EtcdMemberList on a worker: %v, want Unimplemented", err)
+	}
+	if _, err := c.EtcdStatus(ctx); codeOf(err) != "Unimplemented" || !strings.Contains(err.Error(), "etcd status is only available on control plane nodes") {
+		t.Errorf("EtcdStatus on a worker: %v, want Talos's Unimplemented", err)
+	}
+	if _, err := c.EtcdRecover(ctx, strings.NewReader("not a snapshot")); codeOf(err) != "Unimplemented" {
+		t.Errorf("EtcdRecover on a worker: %v, want Unimplemented", err)
 	}
 
 	if err := c.Shutdown(ctx); err != nil {

@@ -40,6 +40,7 @@ type controlPlane struct {
 	log     *slog.Logger
 	etcdURL string
 	etcd    *http.Client // with an etcd client certificate
+	etcdTLS *tls.Config  // the same, for etcd's own client (etcd.go)
 
 	// halt stops kube-apiserver, then etcd; wg waits for etcd's end.
 	halt func()
@@ -76,6 +77,7 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 		log:     c.Logger,
 		etcdURL: "https://" + c.hostPort(EtcdClientPort),
 		etcd:    etcdHTTPClient(mc, etcdClient),
+		etcdTLS: etcdClientTLS(mc, etcdClient),
 	}
 	etcdArgs := etcdArgs(c, hostname, pki, initialCluster)
 	apiArgs, err := apiServerArgs(c, mc, pki)

@@ -182,15 +182,20 @@ func (j *joiner) call(ctx context.Context, clientURL, method string, req, resp a
 
 // etcdHTTPClient talks to etcd with the node's etcd client certificate.
 func etcdHTTPClient(mc config.Config, client tls.Certificate) *http.Client {
+	return &http.Client{
+		Timeout:   10 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: etcdClientTLS(mc, client)},
+	}
+}
+
+// etcdClientTLS trusts the cluster's etcd CA and presents client.
+func etcdClientTLS(mc config.Config, client tls.Certificate) *tls.Config {
 	ca := stdx509.NewCertPool()
 	ca.AppendCertsFromPEM(mc.Cluster().Etcd().CA().Crt)
-	return &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{
-			RootCAs:      ca,
-			Certificates: []tls.Certificate{client},
-			MinVersion:   tls.VersionTLS12,
-		}},
+	return &tls.Config{
+		RootCAs:      ca,
+		Certificates: []tls.Certificate{client},
+		MinVersion:   tls.VersionTLS12,
 	}
 }
 

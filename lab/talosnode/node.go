@@ -80,6 +80,7 @@ type transition int
 const (
 	reboot   transition = iota // back up in the mode its disk says
 	reset                      // disk wiped, back up in maintenance
+	resetEphemeral             // EPHEMERAL wiped, back up configured
 	resetOff                   // disk wiped, powered off
 	shutdown                   // powered off
 )
@@ -161,6 +162,11 @@ func (n *Node) Run(ctx context.Context) error {
 				n.log.Info("machine powered off")
 				return nil
 			}
+		case resetEphemeral:
+			if err := n.wipeEphemeral(); err != nil {
+				return fmt.Errorf("reset: %w", err)
+			}
+			n.log.Info("EPHEMERAL wiped: etcd data and the system directories")
 		}
 		if n.cfg.Reboot == RebootExit {
 			n.log.Info("rebooting: the machine takes over")
@@ -413,6 +419,22 @@ func wipe(dir string) error {
 		}
 	}
 	return nil
+}
+
+// wipeEphemeral empties what Talos keeps on EPHEMERAL (/var): etcd's data
+// and the node's system directories; the config (STATE) stays.
+func (n *Node) wipeEphemeral() error {
+	if n.cfg.NodeServices {
+		if err := unmountBelow(systemDirs); err != nil {
+			return err
+		}
+	}
+	for _, name := range []string{EtcdDir, BootstrappedFile, RecoverySnapshotFile} {
+		if err := os.RemoveAll(filepath.Join(n.cfg.StateDir, name)); err != nil {
+			return err
+		}
+	}
+	return emptyDirs(filepath.Join(n.cfg.StateDir, SystemDir))
 }
 
 // emptyDirs removes everything below each directory of the tree at root
