@@ -78,11 +78,11 @@ func (m mode) String() string {
 type transition int
 
 const (
-	reboot   transition = iota // back up in the mode its disk says
-	reset                      // disk wiped, back up in maintenance
-	resetEphemeral             // EPHEMERAL wiped, back up configured
-	resetOff                   // disk wiped, powered off
-	shutdown                   // powered off
+	reboot         transition = iota // back up in the mode its disk says
+	reset                            // disk wiped, back up in maintenance
+	resetEphemeral                   // EPHEMERAL wiped, back up configured
+	resetOff                         // disk wiped, powered off
+	shutdown                         // powered off
 )
 
 // New checks cfg and returns a node that is not running yet.
