@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -62,9 +61,7 @@ prints what each machine would get and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			if opts.StateDir == "" {
-				opts.StateDir = filepath.Join(filepath.Dir(rackFile), r.Metadata.Name)
-			}
+			opts.StateDir = defaultStateDir(opts.StateDir, rackFile, r)
 			if dryRun {
 				plan, err := bootstrap.DryRun(r, opts.StateDir)
 				if err != nil {

@@ -87,6 +87,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newImagesCommand(g))
 	root.AddCommand(newRegistryCommand(g))
 	root.AddCommand(newMachineCommand(g))
+	root.AddCommand(newEtcdCommand(g))
 	return root, g
 }
 

@@ -365,3 +365,27 @@ func actorID() string {
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
+
+// ServiceList lists the system services the emulation stands for, with
+// Talos's service states: apid always, and on a control plane trustd
+// and etcd, which is Running once bootstrapped or joined and Preparing
+// while it waits for either (the state Talos's disaster recovery starts
+// from). The node's kubelet and containerd are not listed.
+func (s *configuredServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
+	n := s.node
+	running := func(id string) *machine.ServiceInfo {
+		return &machine.ServiceInfo{Id: id, State: "Running", Health: &machine.ServiceHealth{Healthy: true}}
+	}
+	services := []*machine.ServiceInfo{running("apid")}
+	if n.runningConfig().Machine().Type().IsControlPlane() {
+		n.mu.Lock()
+		up := n.cp != nil
+		n.mu.Unlock()
+		etcd := running("etcd")
+		if !up {
+			etcd = &machine.ServiceInfo{Id: "etcd", State: "Preparing", Health: &machine.ServiceHealth{Unknown: true}}
+		}
+		services = append(services, etcd, running("trustd"))
+	}
+	return &machine.ServiceListResponse{Messages: []*machine.ServiceList{{Services: services}}}, nil
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -274,6 +275,19 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 
 	t.Run("etcd APIs before a bootstrap", func(t *testing.T) {
 		c := configClient(t, tc, n.endpoint())
+		services, err := c.ServiceList(ctx)
+		if err != nil {
+			t.Fatalf("ServiceList: %v", err)
+		}
+		states := map[string]string{}
+		for _, m := range services.GetMessages() {
+			for _, s := range m.GetServices() {
+				states[s.GetId()] = s.GetState()
+			}
+		}
+		if want := map[string]string{"apid": "Running", "etcd": "Preparing", "trustd": "Running"}; !maps.Equal(states, want) {
+			t.Errorf("services %v, want %v", states, want)
+		}
 		if _, err := c.EtcdStatus(ctx); codeOf(err) != "Unavailable" {
 			t.Errorf("EtcdStatus before a bootstrap: %v, want Unavailable", err)
 		}

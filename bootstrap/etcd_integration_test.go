@@ -1,0 +1,143 @@
+//go:build integration
+
+package bootstrap_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/etcdbackup"
+	"cozy.dev/cozy/internal/testing/cozyctl"
+)
+
+// TestEtcdSnapshotRestore backs up the etcd of three control planes with
+// `cozyctl etcd snapshot`, writes more, and restores: a restore onto the
+// running cluster is refused and so is a file that is not a snapshot,
+// both before anything changes; with --wipe-etcd the control planes are
+// reset (EPHEMERAL), etcd is bootstrapped from the snapshot on cp1, cp2
+// and cp3 join it again, and the cluster holds what was written before
+// the snapshot and not what was written after.
+func TestEtcdSnapshotRestore(t *testing.T) {
+	const vip = rigSubnet + ".9"
+	r := newRackRig(t, 3, 0, "cluster: {vip: "+vip+"}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.boot(ctx)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := kubernetes.NewForConfigOrDie(rc)
+	put := func(name string) {
+		t.Helper()
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"k": name}}
+		if _, err := kc.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create ConfigMap %s: %v", name, err)
+		}
+	}
+	exists := func(name string) bool {
+		t.Helper()
+		var found bool
+		var err error
+		for range 60 { // the API may still be coming back
+			_, err = kc.CoreV1().ConfigMaps("default").Get(ctx, name, metav1.GetOptions{})
+			if err == nil || apierrors.IsNotFound(err) {
+				found = err == nil
+				return found
+			}
+			time.Sleep(time.Second)
+		}
+		t.Fatalf("get ConfigMap %s: %v", name, err)
+		return false
+	}
+	cozy := func(args ...string) (string, string, error) {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+
+	put("before")
+	snap := filepath.Join(r.dir, "etcd.db")
+	out, stderr, err := cozy("etcd", "snapshot", "--out", snap)
+	if err != nil {
+		t.Fatalf("etcd snapshot: %v\n%s", err, stderr)
+	}
+	var saved etcdbackup.Saved
+	if err := json.Unmarshal([]byte(out), &saved); err != nil {
+		t.Fatalf("etcd snapshot -o json: %v: %s", err, out)
+	}
+	if saved.Node != "cp1" || saved.Revision <= 0 || saved.TotalKeys <= 0 {
+		t.Errorf("snapshot %+v, want one from cp1 with a revision and keys", saved)
+	}
+	if fi, err := os.Stat(snap); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("snapshot file: %v, mode %v, want 0600", err, fi.Mode().Perm())
+	}
+	put("after")
+
+	// Refused, changing nothing: onto a running etcd, and from a file
+	// that is not a snapshot (checked before anything is wiped).
+	if _, stderr, err := cozy("etcd", "restore", "--from", snap); err == nil ||
+		!strings.Contains(stderr, "etcd is running on cp1, cp2, cp3") || !strings.Contains(stderr, "--wipe-etcd") {
+		t.Errorf("restore onto the running cluster: %v\n%s", err, stderr)
+	}
+	notSnap := filepath.Join(r.dir, "rack.yaml")
+	if _, stderr, err := cozy("etcd", "restore", "--from", notSnap, "--wipe-etcd"); err == nil ||
+		!strings.Contains(stderr, "is not a usable etcd snapshot") {
+		t.Errorf("restore from a file that is not a snapshot: %v\n%s", err, stderr)
+	}
+	if !exists("after") {
+		t.Fatal("a refused restore lost data")
+	}
+
+	out, stderr, err = cozy("etcd", "restore", "--from", snap, "--wipe-etcd", "--timeout", "3m")
+	if err != nil {
+		t.Fatalf("etcd restore: %v\n%s", err, tail(stderr, 30))
+	}
+	var restored etcdbackup.Restored
+	if err := json.Unmarshal([]byte(out), &restored); err != nil {
+		t.Fatalf("etcd restore -o json: %v: %s", err, out)
+	}
+	all := []string{"cp1", "cp2", "cp3"}
+	if restored.Node != "cp1" || !slices.Equal(restored.Members, all) || !slices.Equal(restored.Wiped, all) {
+		t.Errorf("restore %+v, want cp1 restored, all three wiped and members", restored)
+	}
+	if !exists("before") {
+		t.Error("what was written before the snapshot is gone after the restore")
+	}
+	if exists("after") {
+		t.Error("what was written after the snapshot is back after the restore")
+	}
+	for _, n := range r.nodes {
+		log := n.log.String()
+		restoredHere := strings.Count(log, "bootstrap from a snapshot: etcd and kube-apiserver started")
+		joined := strings.Count(log, "join etcd: promoted to a voting member")
+		want := map[string][2]int{"cp1": {1, 0}, "cp2": {0, 2}, "cp3": {0, 2}}[n.host]
+		if restoredHere != want[0] || joined != want[1] {
+			t.Errorf("%s: restored %d times and joined %d times, want %d and %d", n.host, restoredHere, joined, want[0], want[1])
+		}
+	}
+	if _, err := os.Stat(filepath.Join(r.nodes[0].dir, "etcd.snapshot")); !os.IsNotExist(err) {
+		t.Errorf("the uploaded snapshot is still on cp1's disk after the restore (stat: %v)", err)
+	}
+}

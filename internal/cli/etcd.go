@@ -1,0 +1,182 @@
+package cli
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/etcdbackup"
+	"cozy.dev/cozy/internal/output"
+)
+
+func newEtcdCommand(g *Globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "etcd",
+		Short: "Back up and restore the rack's etcd through the Talos API",
+		Long: `Snapshot the rack's etcd, check a snapshot, and restore one (Talos's
+disaster recovery). They use the bootstrap's state dir: its talosconfig
+and the addresses it recorded. A snapshot holds every Secret of the
+cluster: it is written 0600; keep it as safe as the state dir.`,
+	}
+	cmd.AddCommand(newEtcdSnapshotCommand(g), newEtcdCheckCommand(g), newEtcdRestoreCommand(g))
+	return cmd
+}
+
+// rackFlags are --rack and --state-dir, as the bootstrap takes them.
+type rackFlags struct {
+	rackFile, stateDir string
+}
+
+func (f *rackFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.rackFile, "rack", "", "the rack file (required)")
+	cmd.Flags().StringVar(&f.stateDir, "state-dir", "", "the bootstrap's state dir (default: <rack dir>/<cluster name>)")
+	_ = cmd.MarkFlagRequired("rack")
+	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
+	_ = cmd.MarkFlagDirname("state-dir")
+}
+
+// options loads the rack and fills in the state dir's default.
+func (f *rackFlags) options(g *Globals) (etcdbackup.Options, error) {
+	r, err := rack.Load(f.rackFile)
+	if err != nil {
+		return etcdbackup.Options{}, err
+	}
+	return etcdbackup.Options{Rack: r, StateDir: defaultStateDir(f.stateDir, f.rackFile, r), Log: g.Logger()}, nil
+}
+
+// defaultStateDir is the bootstrap's state dir: the one given, else
+// <rack dir>/<cluster name>.
+func defaultStateDir(dir, rackFile string, r *rack.Rack) string {
+	if dir != "" {
+		return dir
+	}
+	return filepath.Join(filepath.Dir(rackFile), r.Metadata.Name)
+}
+
+func newEtcdSnapshotCommand(g *Globals) *cobra.Command {
+	var (
+		f   rackFlags
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "snapshot",
+		Short: "Save a snapshot of the rack's etcd to a file",
+		Long: `Stream a snapshot of etcd from the first control plane that gives one
+(Talos's EtcdSnapshot) into --out, 0600. The file appears only once etcd's
+own snapshot status has checked the whole download (its hash, revision and
+key count are printed); a failed or corrupt download leaves --out as it
+was.`,
+		Example: "  cozyctl etcd snapshot --rack rack.yaml --out backups/etcd-$(date +%F).db",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := f.options(g)
+			if err != nil {
+				return err
+			}
+			saved, err := etcdbackup.Save(cmd.Context(), o, out)
+			if err != nil {
+				return err
+			}
+			return g.Print(savedTable(saved))
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "the snapshot file to write (required)")
+	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func newEtcdCheckCommand(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check FILE",
+		Short: "Check a snapshot file with etcd's own snapshot status",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			st, err := etcdbackup.Check(args[0])
+			if err != nil {
+				return err
+			}
+			return g.Print(savedTable(etcdbackup.Saved{File: args[0], Status: st}))
+		},
+	}
+}
+
+func newEtcdRestoreCommand(g *Globals) *cobra.Command {
+	var (
+		f rackFlags
+		o etcdbackup.RestoreOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "restore",
+		Short: "Replace the rack's etcd with a snapshot (Talos's disaster recovery)",
+		Long: `Restore etcd from a snapshot, as Talos's disaster recovery does:
+
+  1. the snapshot is checked with etcd's own snapshot status;
+  2. every control plane must answer; if etcd runs on any, the restore is
+     refused unless --wipe-etcd is given, which resets those control
+     planes' EPHEMERAL volume (etcd's data; their config stays) and waits
+     for them to be back with etcd stopped;
+  3. the snapshot is uploaded to one control plane (--node, default the
+     first in the rack) and etcd is bootstrapped there from it;
+  4. the other control planes join it, and the restore waits for all of
+     them to be members and for the Kubernetes API to answer.
+
+Everything written to the cluster after the snapshot is lost. A restore cut
+short is run again with the same flags.`,
+		Example: "  cozyctl etcd restore --rack rack.yaml --from backups/etcd-2026-12-01.db --wipe-etcd",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Options, err = f.options(g); err != nil {
+				return err
+			}
+			res, err := etcdbackup.Restore(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return g.Print(restoredTable(res))
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&o.From, "from", "", "the snapshot file (required)")
+	fl.BoolVar(&o.WipeEtcd, "wipe-etcd", false, "wipe the etcd data of control planes where etcd runs, first")
+	fl.StringVar(&o.Node, "node", "", "the control plane to restore on (default: the first in the rack)")
+	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on each wait: a node back after its reset, the members joined, the API answering")
+	fl.IntVar(&o.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
+	_ = fl.MarkHidden("talos-port")
+	_ = cmd.MarkFlagRequired("from")
+	return cmd
+}
+
+type savedTable etcdbackup.Saved
+
+func (t savedTable) Header() []string {
+	return []string{"FILE", "NODE", "REVISION", "KEYS", "SIZE", "HASH", "STORAGE"}
+}
+
+func (t savedTable) Rows() [][]string {
+	return [][]string{{t.File, dash(t.Node), strconv.FormatInt(t.Revision, 10), strconv.Itoa(t.TotalKeys),
+		strconv.FormatInt(t.TotalSize, 10), fmt.Sprintf("%08x", t.Hash), dash(t.Version)}}
+}
+
+type restoredTable etcdbackup.Restored
+
+func (t restoredTable) Header() []string {
+	return []string{"NODE", "WIPED", "MEMBERS", "REVISION", "KEYS", "TOOK"}
+}
+
+func (t restoredTable) Rows() [][]string {
+	return [][]string{{t.Node, dash(strings.Join(t.Wiped, ",")), strings.Join(t.Members, ","),
+		strconv.FormatInt(t.Status.Revision, 10), strconv.Itoa(t.Status.TotalKeys), t.Took.String()}}
+}
+
+var (
+	_ output.Tabular = savedTable{}
+	_ output.Tabular = restoredTable{}
+)
