@@ -106,6 +106,21 @@ func TestEtcdSnapshotRestore(t *testing.T) {
 		!strings.Contains(stderr, "is not a usable etcd snapshot") {
 		t.Errorf("restore from a file that is not a snapshot: %v\n%s", err, stderr)
 	}
+	// One byte changed: etcd's status still reads it, its restore would
+	// fail on the node after the wipe; the check refuses it first.
+	corrupt := filepath.Join(r.dir, "corrupt.db")
+	data, err := os.ReadFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(corrupt, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := cozy("etcd", "restore", "--from", corrupt, "--wipe-etcd"); err == nil ||
+		!strings.Contains(stderr, "is not a usable etcd snapshot") {
+		t.Errorf("restore from a corrupt snapshot: %v\n%s", err, stderr)
+	}
 	if !exists("after") {
 		t.Fatal("a refused restore lost data")
 	}
