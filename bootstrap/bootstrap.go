@@ -17,7 +17,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -620,12 +619,7 @@ func (b *run) waitEtcdMembers(ctx context.Context, first *rack.Machine, cps []st
 		if err != nil {
 			return err
 		}
-		var missing []string
-		for _, cp := range cps {
-			if !slices.Contains(members, cp) {
-				missing = append(missing, cp)
-			}
-		}
+		missing := talosapi.Missing(members, cps)
 		if len(missing) != last {
 			last = len(missing)
 			b.emitCluster(state.Bootstrap, fmt.Sprintf("etcd has %d of %d control planes", len(cps)-len(missing), len(cps)))

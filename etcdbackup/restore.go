@@ -275,13 +275,7 @@ func waitMembers(ctx context.Context, o RestoreOptions, tc *clientconfig.Config,
 		if err != nil {
 			return err
 		}
-		var missing []string
-		for _, w := range want {
-			if !slices.Contains(members, w) {
-				missing = append(missing, w)
-			}
-		}
-		if len(missing) > 0 {
+		if missing := talosapi.Missing(members, want); len(missing) > 0 {
 			return fmt.Errorf("not yet members: %s", strings.Join(missing, ", "))
 		}
 		return nil

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -198,6 +199,17 @@ func EtcdMembers(ctx context.Context, c *client.Client) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// Missing lists those of want (hostnames) that members does not hold.
+func Missing(members, want []string) []string {
+	var out []string
+	for _, w := range want {
+		if !slices.Contains(members, w) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // ErrAlreadyBootstrapped is what Bootstrap returns when the node says etcd
