@@ -34,6 +34,12 @@ type RestoreOptions struct {
 	// Node is the control plane etcd is restored on (default: the first
 	// in the rack); the others join it.
 	Node string
+	// Lost are control planes gone for good (a dead disk, a machine
+	// removed): not asked, not wiped, not waited for. Every other control
+	// plane must answer. One named here must not come back with its old
+	// disk: its etcd would still hold the cluster from before the restore
+	// (wipe it first: cozyctl machine reprovision, or a reset).
+	Lost []string
 	// Timeout bounds each wait: a node back after its reset, every control
 	// plane a member again, the Kubernetes API answering (default 10m).
 	Timeout time.Duration
@@ -45,6 +51,8 @@ type Restored struct {
 	Node string `json:"node"`
 	// Wiped are the control planes reset before the restore.
 	Wiped []string `json:"wiped,omitempty"`
+	// Lost are the control planes left out, as RestoreOptions.Lost.
+	Lost []string `json:"lost,omitempty"`
 	// Members are etcd's voting members once every control plane joined.
 	Members []string      `json:"members"`
 	Took    time.Duration `json:"took"`
@@ -87,11 +95,16 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 		}
 	}
 	res.Node = target.name
+	present, err := withoutLost(cps, o.Lost, target)
+	if err != nil {
+		return res, err
+	}
+	res.Lost = o.Lost
 	tc, err := talosconfig(o.Options)
 	if err != nil {
 		return res, err
 	}
-	live, err := runningEtcd(ctx, tc, cps)
+	live, err := runningEtcd(ctx, tc, present)
 	if err != nil {
 		return res, err
 	}
@@ -111,7 +124,7 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 	if err := recordBootstrap(o.Options, target.name); err != nil {
 		return res, err
 	}
-	res.Members, err = waitMembers(ctx, o, tc, target, names(cps))
+	res.Members, err = waitMembers(ctx, o, tc, target, names(present))
 	if err != nil {
 		return res, err
 	}
@@ -123,6 +136,20 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 	return res, nil
 }
 
+// withoutLost is cps without the lost ones, each of which must be a
+// control plane of the rack other than the restore's target.
+func withoutLost(cps []controlPlane, lost []string, target controlPlane) ([]controlPlane, error) {
+	for _, name := range lost {
+		if _, ok := byName(cps, name); !ok {
+			return nil, fmt.Errorf("--lost %s: not a control plane of the rack (its control planes: %s)", name, strings.Join(names(cps), ", "))
+		}
+		if name == target.name {
+			return nil, fmt.Errorf("--lost %s: the restore is to run on it; name another control plane with --node", name)
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(cps), func(cp controlPlane) bool { return slices.Contains(lost, cp.name) }), nil
+}
+
 // runningEtcd asks every control plane whether its etcd service runs;
 // each must answer, so that no etcd is left running unseen beside the
 // restored one.
@@ -131,7 +158,7 @@ func runningEtcd(ctx context.Context, tc *clientconfig.Config, cps []controlPlan
 	for _, cp := range cps {
 		state, err := etcdService(ctx, tc, cp)
 		if err != nil {
-			return nil, fmt.Errorf("%w (every control plane must answer before a restore)", err)
+			return nil, fmt.Errorf("%w (every control plane must answer before a restore; name one that is gone for good with --lost %s)", err, cp.name)
 		}
 		if state != etcdPreparing {
 			live = append(live, cp)

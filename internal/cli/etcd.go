@@ -117,7 +117,9 @@ func newEtcdRestoreCommand(g *Globals) *cobra.Command {
 		Long: `Restore etcd from a snapshot, as Talos's disaster recovery does:
 
   1. the snapshot is checked with etcd's own snapshot status;
-  2. every control plane must answer; if etcd runs on any, the restore is
+  2. every control plane must answer, but those named with --lost (gone
+     for good: they must not come back with their old disk, whose etcd
+     still holds the cluster from before); if etcd runs on any, the restore is
      refused unless --wipe-etcd is given, which resets those control
      planes' EPHEMERAL volume (etcd's data; their config stays) and waits
      for them to be back with etcd stopped;
@@ -147,6 +149,7 @@ short is run again with the same flags.`,
 	fl.StringVar(&o.From, "from", "", "the snapshot file (required)")
 	fl.BoolVar(&o.WipeEtcd, "wipe-etcd", false, "wipe the etcd data of control planes where etcd runs, first")
 	fl.StringVar(&o.Node, "node", "", "the control plane to restore on (default: the first in the rack)")
+	fl.StringSliceVar(&o.Lost, "lost", nil, "control planes gone for good: not asked, wiped or waited for (wipe them before they come back)")
 	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on each wait: a node back after its reset, the members joined, the API answering")
 	fl.IntVar(&o.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
 	_ = fl.MarkHidden("talos-port")
@@ -168,11 +171,11 @@ func (t savedTable) Rows() [][]string {
 type restoredTable etcdbackup.Restored
 
 func (t restoredTable) Header() []string {
-	return []string{"NODE", "WIPED", "MEMBERS", "REVISION", "KEYS", "TOOK"}
+	return []string{"NODE", "WIPED", "LOST", "MEMBERS", "REVISION", "KEYS", "TOOK"}
 }
 
 func (t restoredTable) Rows() [][]string {
-	return [][]string{{t.Node, dash(strings.Join(t.Wiped, ",")), strings.Join(t.Members, ","),
+	return [][]string{{t.Node, dash(strings.Join(t.Wiped, ",")), dash(strings.Join(t.Lost, ",")), strings.Join(t.Members, ","),
 		strconv.FormatInt(t.Status.Revision, 10), strconv.Itoa(t.Status.TotalKeys), t.Took.String()}}
 }
 
