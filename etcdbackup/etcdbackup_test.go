@@ -25,7 +25,7 @@ func TestCheckRefuses(t *testing.T) {
 	}{
 		{"missing", "no such file", nil},
 		{"empty", "is not a usable etcd snapshot", []byte{}},
-		{"text", "invalid database", []byte("apiVersion: v1\nkind: ConfigMap\n")},
+		{"text", "no sha256 appended", []byte("apiVersion: v1\nkind: ConfigMap\n")},
 		{"garbage pages", "is not a usable etcd snapshot", append(append([]byte{}, page...), page...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -67,10 +67,10 @@ func newEtcdSnapshotCommand(g *Globals) *cobra.Command {
 		Use:   "snapshot",
 		Short: "Save a snapshot of the rack's etcd to a file",
 		Long: `Stream a snapshot of etcd from the first control plane that gives one
-(Talos's EtcdSnapshot) into --out, 0600. The file appears only once etcd's
-own snapshot status has checked the whole download (its hash, revision and
-key count are printed); a failed or corrupt download leaves --out as it
-was.`,
+(Talos's EtcdSnapshot) into --out, 0600. The file appears only once the
+whole download has passed the check (the sha256 etcd appends, then etcd's
+own snapshot status: its hash, revision and key count are printed); a
+failed or corrupt download leaves --out as it was.`,
 		Example: "  cozyctl etcd snapshot --rack rack.yaml --out backups/etcd-$(date +%F).db",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -94,7 +94,7 @@ was.`,
 func newEtcdCheckCommand(g *Globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "check FILE",
-		Short: "Check a snapshot file with etcd's own snapshot status",
+		Short: "Check a snapshot file: the sha256 etcd appends, then etcd's own snapshot status",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			st, err := etcdbackup.Check(args[0])
@@ -116,7 +116,8 @@ func newEtcdRestoreCommand(g *Globals) *cobra.Command {
 		Short: "Replace the rack's etcd with a snapshot (Talos's disaster recovery)",
 		Long: `Restore etcd from a snapshot, as Talos's disaster recovery does:
 
-  1. the snapshot is checked with etcd's own snapshot status;
+  1. the snapshot is checked (the sha256 etcd appends, then etcd's own
+     snapshot status);
   2. every control plane must answer, but those named with --lost (gone
      for good: they must not come back with their old disk, whose etcd
      still holds the cluster from before); if etcd runs on any, the restore is

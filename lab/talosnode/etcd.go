@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"cozy.dev/cozy/internal/atomicfile"
+	"cozy.dev/cozy/internal/etcdsnapshot"
 )
 
 // RecoverySnapshotFile is where EtcdRecover puts an uploaded snapshot,
@@ -161,6 +162,12 @@ func (n *Node) restoreSnapshot(hostname string, skipHashCheck bool) error {
 	path, err := n.recoverySnapshot()
 	if err != nil {
 		return err
+	}
+	if !skipHashCheck {
+		// Before etcd's status: bbolt panics on a corrupt database.
+		if err := etcdsnapshot.VerifyHash(path); err != nil {
+			return status.Errorf(codes.InvalidArgument, "error verifying snapshot: %s", err)
+		}
 	}
 	m := snapshot.NewV3(zap.NewNop())
 	st, err := m.Status(path)
