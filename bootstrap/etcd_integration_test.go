@@ -149,6 +149,8 @@ func TestEtcdSnapshotRestore(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &restored); err != nil {
 		t.Fatalf("etcd restore -o json: %v: %s", err, out)
 	}
+	t.Logf("snapshot: %d bytes, revision %d, %d keys, saved in %v; restore (2 nodes wiped, rebooted, 1 restored, 1 rejoined, API answering) took %v",
+		saved.TotalSize, saved.Revision, saved.TotalKeys, saved.Took, restored.Took)
 	two := []string{"cp1", "cp2"}
 	if restored.Node != "cp1" || !slices.Equal(restored.Members, two) || !slices.Equal(restored.Wiped, two) || !slices.Equal(restored.Lost, []string{"cp3"}) {
 		t.Errorf("restore %+v, want cp1 restored, cp1 and cp2 wiped and members, cp3 lost", restored)
