@@ -54,8 +54,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Status is what etcd's snapshot package reads from a snapshot file,
-// having checked the hash etcd appends to it.
+// Status is what etcd's snapshot status reads from a snapshot file
+// (Check verifies the file's appended sha256 before that).
 type Status struct {
 	Hash      uint32 `json:"hash"`
 	Revision  int64  `json:"revision"`
