@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"cozy.dev/cozy/bmc"
+	"cozy.dev/cozy/bootstrap/leave"
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
@@ -62,8 +64,10 @@ type Reprovisioned struct {
 // one-time network boot set first through its BMC if it has one; else,
 // through the BMC, a one-time network boot and a power cycle. The state
 // dir records each as pending before anything is done to it, so a run
-// cut short leaves nothing the bootstrap would skip. Control planes are
-// refused: taking one out of etcd is not built yet.
+// cut short leaves nothing the bootstrap would skip. Each machine is
+// first taken out of the cluster (package leave): its Node drained, a
+// control plane out of etcd, refused if etcd would lose its quorum; the
+// Node is deleted after the reset. Control planes go one per run.
 func Reprovision(ctx context.Context, o ReprovisionOptions) []Reprovisioned {
 	if o.Wipe == "" {
 		o.Wipe = WipeSystem
@@ -76,6 +80,21 @@ func Reprovision(ctx context.Context, o ReprovisionOptions) []Reprovisioned {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	var controlPlanes []string
+	for _, m := range o.Rack.Machines {
+		if m.Role == rack.RoleControlPlane && slices.Contains(o.Machines, m.Hostname) {
+			controlPlanes = append(controlPlanes, m.Hostname)
+		}
+	}
+	if len(controlPlanes) > 1 {
+		// One at a time: each must leave etcd with its quorum intact.
+		out := make([]Reprovisioned, len(o.Machines))
+		for i, name := range o.Machines {
+			out[i] = Reprovisioned{Machine: name, Error: fmt.Sprintf("%d control planes (%s): reprovision them one at a time, so that each leaves etcd with its quorum intact",
+				len(controlPlanes), strings.Join(controlPlanes, ", "))}
+		}
+		return out
 	}
 	results := bmc.Each(ctx, o.Machines, 0, func(ctx context.Context, name string) (Reprovisioned, error) {
 		start := time.Now()
@@ -101,9 +120,6 @@ func reprovision(ctx context.Context, o ReprovisionOptions, name string) (Reprov
 		return res, fmt.Errorf("no machine %q in the rack", name)
 	}
 	m := &o.Rack.Machines[i]
-	if m.Role == rack.RoleControlPlane {
-		return res, errors.New("a control plane: reprovisioning it would take it out of etcd, which Cozy does not do yet")
-	}
 	if o.Wipe != WipeSystem && o.Wipe != WipeAll {
 		return res, fmt.Errorf("--wipe %q: system or all", o.Wipe)
 	}
@@ -117,6 +133,17 @@ func reprovision(ctx context.Context, o ReprovisionOptions, name string) (Reprov
 	}
 	ip := n.IP
 	res.IP = ip.String()
+	// Out of the cluster first: drained, and out of etcd for a control
+	// plane (refused if etcd would lose its quorum). A machine whose API
+	// is gone is left as lost: its member is removed through the others.
+	lo, err := leaveOptions(o.Rack, o.StateDir, st.Snapshot(), o.TalosPort, o.Timeout, o.Log)
+	if err != nil {
+		return res, err
+	}
+	lo.Lost = talosGone(ctx, lo, name)
+	if _, err := leave.Cluster(ctx, lo, name); err != nil {
+		return res, err
+	}
 	if err := st.Update(func(s *state.State) {
 		s.Nodes[name].Phase, s.Nodes[name].Since, s.Nodes[name].Error = state.Pending, time.Now(), "reprovisioning"
 	}); err != nil {
@@ -133,6 +160,9 @@ func reprovision(ctx context.Context, o ReprovisionOptions, name string) (Reprov
 		res.How = "bmc"
 	} else {
 		return res, fmt.Errorf("the Talos API at %s: %w; no bmc in the rack to power-cycle it", endpoint, err)
+	}
+	if _, err := leave.DeleteNode(ctx, lo, name); err != nil {
+		return res, err
 	}
 	res.Back = waitMaintenance(ctx, o, endpoint)
 	if !res.Back {

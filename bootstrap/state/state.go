@@ -32,6 +32,13 @@ const (
 	Configured Phase = "configured" // answers with mutual TLS: Talos is installed
 	Bootstrap  Phase = "etcd"       // the control plane that bootstrapped etcd
 	Ready      Phase = "ready"      // the cluster's API answers; nothing left to do
+
+	// Phases of a node taken out (cozyctl node remove), outside the
+	// bootstrap's order: a rack that still lists a removed node has the
+	// bootstrap wait for it as for a new one.
+	Leaving   Phase = "leaving"   // being drained and taken out of etcd
+	Resetting Phase = "resetting" // asked to wipe its disk and power off
+	Removed   Phase = "removed"   // wiped and off; its Node deleted
 )
 
 var order = map[Phase]int{"": 0, Pending: 0, Discovered: 1, Applied: 2, Configured: 3, Bootstrap: 4, Ready: 5}

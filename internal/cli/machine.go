@@ -27,7 +27,9 @@ are driven at once, at most --parallel at a time, and each gets its own row:
 one BMC that fails or hangs (each request is bounded by --timeout) does not
 hold up the others. The command fails if any machine failed.`,
 	}
-	cmd.AddCommand(newMachinePowerCommand(g), newMachineBootCommand(g), newMachineInspectCommand(g), newMachineReprovisionCommand(g))
+	reprovision := newReprovisionCommand(g, "reprovision")
+	reprovision.Deprecated = "use cozyctl node reset"
+	cmd.AddCommand(newMachinePowerCommand(g), newMachineBootCommand(g), newMachineInspectCommand(g), reprovision)
 	return cmd
 }
 
@@ -224,29 +226,35 @@ var (
 	_ output.Tabular = reprovisionTable{}
 )
 
-func newMachineReprovisionCommand(g *Globals) *cobra.Command {
+// newReprovisionCommand is `cozyctl node reset`; `cozyctl machine
+// reprovision`, its former name, is the same command, deprecated.
+func newReprovisionCommand(g *Globals, use string) *cobra.Command {
 	var (
 		rackFile string
 		o        bootstrap.ReprovisionOptions
 	)
 	cmd := &cobra.Command{
-		Use:   "reprovision NAME...",
-		Short: "Wipe installed workers back to Talos maintenance mode, for the next bootstrap to install again",
-		Long: `Take installed workers back to Talos maintenance mode, their install disk
-wiped, for the next 'cozyctl bootstrap' (same --rack and --state-dir) to
-install and join them again:
+		Use:   use + " NAME...",
+		Short: "Take installed machines out of the cluster and wipe them back to Talos maintenance mode, for the next bootstrap to install again",
+		Long: `Take installed machines out of the cluster and back to Talos maintenance
+mode, their install disk wiped, for the next 'cozyctl bootstrap' (same
+--rack and --state-dir) to install and join them again:
 
+  - first out of the cluster, as 'cozyctl node remove' does: a control
+    plane only if etcd keeps its quorum without it (refused otherwise,
+    with the numbers); its Node cordoned and drained; a control plane out
+    of etcd (it leaves; if its API is gone, the others remove its member);
   - if the node's Talos API answers (the bootstrap's talosconfig), a Talos
-    reset: graceful (it leaves the cluster), wipe (--wipe system: the
-    install disk; all: also the user disks Talos manages), reboot, with a
-    one-time network boot set first through its BMC if it has one;
-  - else, through its BMC, a one-time network boot and a power cycle.
+    reset: graceful, wipe (--wipe system: the install disk; all: also the
+    user disks Talos manages), reboot, with a one-time network boot set
+    first through its BMC if it has one;
+  - else, through its BMC, a one-time network boot and a power cycle;
+  - then its Node is deleted.
 
 It then waits (--timeout) for the machine to answer in maintenance mode at
-its address. The state dir marks each machine pending before anything is
-done to it. Control planes are refused: taking one out of etcd is not
-built yet.`,
-		Example: "  cozyctl machine reprovision w2 --rack rack.yaml --state-dir state && cozyctl bootstrap --rack rack.yaml --state-dir state ...",
+its address. The state dir marks each machine pending before it is reset.
+Workers go in parallel; control planes one per run.`,
+		Example: "  cozyctl node reset w2 --rack rack.yaml --state-dir state && cozyctl bootstrap --rack rack.yaml --state-dir state ...",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := rack.Load(rackFile)

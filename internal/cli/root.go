@@ -88,6 +88,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newRegistryCommand(g))
 	root.AddCommand(newMachineCommand(g))
 	root.AddCommand(newEtcdCommand(g))
+	root.AddCommand(newNodeCommand(g))
 	return root, g
 }
 

@@ -271,6 +271,7 @@ func (s *configuredServer) Shutdown(ctx context.Context, _ *machine.ShutdownRequ
 // data, the bootstrap marker, the system directories) and keeps STATE,
 // its config: it reboots configured, with etcd waiting for a bootstrap or
 // a cluster to join, the state Talos's disaster recovery starts from.
+// A graceful reset of a control plane leaves etcd first.
 func (s *configuredServer) Reset(ctx context.Context, req *machine.ResetRequest) (*machine.ResetResponse, error) {
 	t := resetOff
 	if req.GetReboot() {
@@ -295,6 +296,15 @@ func (s *configuredServer) Reset(ctx context.Context, req *machine.ResetRequest)
 				return nil, status.Error(codes.Unimplemented, "the emulated node wipes EPHEMERAL alone only with a reboot")
 			}
 			t = resetEphemeral
+		}
+	}
+	if req.GetGraceful() && t != resetEphemeral {
+		// Talos's graceful reset leaves etcd before it wipes, so the
+		// others keep a cluster without this member. (Talos does it after
+		// its reply and logs a failure; here the caller gets it.) The
+		// cordon and drain of Talos's graceful reset are not emulated.
+		if err := s.node.leaveIfMember(ctx); err != nil {
+			return nil, err
 		}
 	}
 	id, err := s.node.powerTransition(ctx, t, runtime.MachineStageResetting)
@@ -368,9 +378,9 @@ func actorID() string {
 
 // ServiceList lists the system services the emulation stands for, with
 // Talos's service states: apid always, and on a control plane trustd
-// and etcd, which is Running once bootstrapped or joined and Preparing
+// and etcd, which is Running once bootstrapped or joined, Preparing
 // while it waits for either (the state Talos's disaster recovery starts
-// from). The node's kubelet and containerd are not listed.
+// from), and Finished once it left the cluster. The node's kubelet and containerd are not listed.
 func (s *configuredServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
 	n := s.node
 	running := func(id string) *machine.ServiceInfo {
@@ -379,10 +389,13 @@ func (s *configuredServer) ServiceList(context.Context, *emptypb.Empty) (*machin
 	services := []*machine.ServiceInfo{running("apid")}
 	if n.runningConfig().Machine().Type().IsControlPlane() {
 		n.mu.Lock()
-		up := n.cp != nil
+		up, left := n.cp != nil, n.etcdLeft
 		n.mu.Unlock()
 		etcd := running("etcd")
-		if !up {
+		switch {
+		case left:
+			etcd = &machine.ServiceInfo{Id: "etcd", State: "Finished", Health: &machine.ServiceHealth{Unknown: true}}
+		case !up:
 			etcd = &machine.ServiceInfo{Id: "etcd", State: "Preparing", Health: &machine.ServiceHealth{Unknown: true}}
 		}
 		services = append(services, etcd, running("trustd"))

@@ -54,6 +54,9 @@ type Node struct {
 	state    state.State
 	// cp runs etcd and kube-apiserver on a bootstrapped control plane.
 	cp *controlPlane
+	// etcdLeft: this control plane left etcd (EtcdLeaveCluster) in this
+	// boot; its etcd service is finished until the next.
+	etcdLeft bool
 	// next is the power transition a request asked for; the node makes
 	// it once the reply is out.
 	next    chan transition
@@ -231,6 +234,7 @@ func (n *Node) boot(ctx context.Context) (*booted, error) {
 	}
 	n.mu.Lock()
 	n.mode, n.machine, n.hostname, n.state = m, mc, hostname, st
+	n.etcdLeft = false
 	n.mu.Unlock()
 	if n.cfg.NodeServices {
 		// The machine's hostname, as Talos sets it: its kubelet,

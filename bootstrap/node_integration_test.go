@@ -1,0 +1,283 @@
+//go:build integration
+
+package bootstrap_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/leave"
+	"cozy.dev/cozy/internal/testing/cozyctl"
+)
+
+// TestNodeRemove takes a worker and then a control plane out of a rack of
+// three control planes and a worker with `cozyctl node remove`, while
+// etcd's members are sampled through cp1 every 100 ms: the worker's Node
+// is cordoned, drained (its pod evicted) and deleted, the machine wiped
+// and powered off; cp3 leaves etcd, which keeps a leader throughout; the
+// second control plane is refused with the numbers, changing nothing; a
+// name not in the rack is refused; a second run of a removal finds
+// nothing left to do.
+func TestNodeRemove(t *testing.T) {
+	const vip = rigSubnet + ".9"
+	r := newRackRig(t, 3, 1, "cluster: {vip: "+vip+"}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.boot(ctx)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := kubernetes.NewForConfigOrDie(rc)
+	cozy := func(args ...string) (string, string, error) {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+	remove := func(args ...string) bootstrap.Removed {
+		t.Helper()
+		out, stderr, err := cozy(append([]string{"node", "remove"}, args...)...)
+		if err != nil {
+			t.Fatalf("node remove %v: %v\n%s", args, err, tail(stderr, 30))
+		}
+		var res bootstrap.Removed
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("node remove -o json: %v: %s", err, out)
+		}
+		return res
+	}
+
+	// The worker's Node and a pod on it, as its kubelet and the scheduler
+	// would leave them (the process tier runs no kubelet).
+	if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "w1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// (and the default ServiceAccount the controller-manager would make;
+	// the process tier runs none)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}
+	if _, err := kc.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: "w1", Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := kc.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, stderr, err := cozy("node", "remove", "w9"); err == nil || !strings.Contains(stderr, `no machine "w9" in the rack (its machines: cp1, cp2, cp3, w1)`) {
+		t.Errorf("remove a machine not in the rack: %v\n%s", err, stderr)
+	}
+	plan := remove("w1", "--dry-run")
+	if !plan.DryRun || !plan.Answers || !plan.HasNode || plan.Cordoned {
+		t.Errorf("dry run %+v, want a plan for an answering w1 with a Node, nothing done", plan)
+	}
+	if n, err := kc.CoreV1().Nodes().Get(ctx, "w1", metav1.GetOptions{}); err != nil || n.Spec.Unschedulable {
+		t.Fatalf("after the dry run, Node w1: %v, unschedulable %v: want it untouched", err, n.Spec.Unschedulable)
+	}
+
+	w1 := r.nodes[3]
+	res := remove("w1")
+	if !res.Cordoned || !slices.Equal(res.Evicted, []string{"default/app"}) || !res.NodeDeleted || res.Reset != "wiped (system), powered off" {
+		t.Errorf("remove w1: %+v, want cordoned, default/app evicted, wiped and off, Node deleted", res)
+	}
+	waitExit(t, w1, "w1")
+	if _, err := os.Stat(filepath.Join(w1.dir, "config.yaml")); !os.IsNotExist(err) {
+		t.Errorf("w1's config is still on its disk after the remove (stat: %v)", err)
+	}
+	if _, err := kc.CoreV1().Nodes().Get(ctx, "w1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Node w1 after the remove: %v, want not found", err)
+	}
+	if got, err := kc.CoreV1().Pods("default").Get(ctx, "app", metav1.GetOptions{}); err == nil && got.DeletionTimestamp == nil {
+		t.Errorf("the pod on w1 was not evicted")
+	}
+
+	// cp3 leaves while etcd is sampled through cp1.
+	s := sampleEtcd(t, r, r.nodes[0])
+	res = remove("cp3")
+	samples := s.stop()
+	if res.EtcdLeft != "left" || res.Reset != "wiped (system), powered off" || !slices.Equal(res.Members, []string{"cp1", "cp2", "cp3"}) {
+		t.Errorf("remove cp3: %+v, want it left etcd of cp1..cp3, wiped and off", res)
+	}
+	waitExit(t, r.nodes[2], "cp3")
+	t.Logf("remove cp3 took %v; etcd sampled through cp1 every 100 ms: %s", res.Took, samples)
+	if samples.failed > 0 || samples.noLeader > 0 || samples.n < 10 {
+		t.Errorf("etcd through the removal: %s; want every sample answered with a leader", samples)
+	}
+	if got := samples.last; !slices.Equal(got, []string{"cp1", "cp2"}) {
+		t.Errorf("members after the removal %v, want cp1 and cp2", got)
+	}
+
+	// The second of three: refused before anything changes.
+	_, stderr, err := cozy("node", "remove", "cp2")
+	if err == nil || !strings.Contains(stderr, leave.ErrQuorum.Error()) ||
+		!strings.Contains(stderr, "needs 2 of the 2 etcd members (cp1, cp2) healthy without it, and 1 are (cp1)") {
+		t.Errorf("remove cp2 of the two left: %v\n%s", err, stderr)
+	}
+	if _, err := kc.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("the API after the refusal: %v", err)
+	}
+	if got := etcdMembersThrough(t, r, r.nodes[1]); !slices.Equal(got, []string{"cp1", "cp2"}) {
+		t.Errorf("members after the refusal %v, want cp1 and cp2", got)
+	}
+
+	again := remove("cp3")
+	if !again.Already {
+		t.Errorf("a second remove of cp3: %+v, want nothing left to do", again)
+	}
+}
+
+// waitExit waits for a machine powered off by its reset: the emulated
+// node's process ends.
+func waitExit(t *testing.T, n *emuNode, name string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- n.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s exited: %v, want a clean power-off", name, err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("%s still runs a minute after its reset", name)
+	}
+}
+
+// talosClient is an admin Talos client of one node, dialled inside the
+// rig's namespace.
+func talosClient(t *testing.T, r *rackRig, n *emuNode) *client.Client {
+	t.Helper()
+	tc, err := clientconfig.Open(filepath.Join(r.stateDir, bootstrap.TalosDir, "talosconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(context.Background(), client.WithConfig(tc), client.WithEndpoints(n.ip),
+		client.WithGRPCDialOptions(grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return r.ns.DialContext(ctx, "tcp", addr)
+		})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func etcdMembersThrough(t *testing.T, r *rackRig, n *emuNode) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := talosClient(t, r, n).EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+	if err != nil {
+		t.Fatalf("etcd members through %s: %v", n.host, err)
+	}
+	var names []string
+	for _, m := range resp.GetMessages()[0].GetMembers() {
+		if !m.GetIsLearner() {
+			names = append(names, m.GetHostname())
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// etcdSamples is what sampleEtcd saw.
+type etcdSamples struct {
+	n, failed, noLeader int
+	fewest              int
+	last                []string
+	firstErr            error
+}
+
+func (s etcdSamples) String() string {
+	msg := fmt.Sprintf("%d samples, %d failed, %d without a leader, fewest voters %d", s.n, s.failed, s.noLeader, s.fewest)
+	if s.firstErr != nil {
+		msg += "; first error: " + s.firstErr.Error()
+	}
+	return msg
+}
+
+type etcdSampler struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	s      etcdSamples
+}
+
+// sampleEtcd asks n every 100 ms for etcd's members and its status (a
+// leader, or none), until stop.
+func sampleEtcd(t *testing.T, r *rackRig, n *emuNode) *etcdSampler {
+	c := talosClient(t, r, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	sm := &etcdSampler{cancel: cancel, s: etcdSamples{fewest: 1 << 30}}
+	sm.wg.Go(func() {
+		for ctx.Err() == nil {
+			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+			members, err := c.EtcdMemberList(cctx, &machine.EtcdMemberListRequest{})
+			var st *machine.EtcdStatusResponse
+			if err == nil {
+				st, err = c.EtcdStatus(cctx)
+			}
+			ccancel()
+			if ctx.Err() != nil {
+				return
+			}
+			sm.s.n++
+			if err != nil {
+				sm.s.failed++
+				if sm.s.firstErr == nil {
+					sm.s.firstErr = err
+				}
+			} else {
+				if st.GetMessages()[0].GetMemberStatus().GetLeader() == 0 {
+					sm.s.noLeader++
+				}
+				var voters []string
+				for _, m := range members.GetMessages()[0].GetMembers() {
+					if !m.GetIsLearner() {
+						voters = append(voters, m.GetHostname())
+					}
+				}
+				slices.Sort(voters)
+				sm.s.fewest = min(sm.s.fewest, len(voters))
+				sm.s.last = voters
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	return sm
+}
+
+func (sm *etcdSampler) stop() etcdSamples {
+	sm.cancel()
+	sm.wg.Wait()
+	return sm.s
+}

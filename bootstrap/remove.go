@@ -1,0 +1,199 @@
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+
+	"cozy.dev/cozy/bootstrap/leave"
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/bootstrap/talosapi"
+)
+
+// RemoveOptions of one `cozyctl node remove`.
+type RemoveOptions struct {
+	Rack     *rack.Rack
+	StateDir string
+	Machine  string
+	// Wipe is WipeSystem (default) or WipeAll.
+	Wipe string
+	// Lost says the machine is gone for good (see leave.Options.Lost):
+	// it is neither asked nor reset.
+	Lost bool
+	// DryRun only checks and returns the plan.
+	DryRun    bool
+	TalosPort int
+	// Timeout bounds the drain and the wait for the machine to go down.
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+// Removed is what Remove did (or, in a dry run, would do).
+type Removed struct {
+	leave.Left
+	// Reset says how the machine's disk went: "wiped (system), powered
+	// off", or why it was not reset.
+	Reset       string        `json:"reset,omitempty"`
+	NodeDeleted bool          `json:"nodeDeleted,omitempty"`
+	DryRun      bool          `json:"dryRun,omitempty"`
+	Already     bool          `json:"alreadyRemoved,omitempty"`
+	Took        time.Duration `json:"took"`
+}
+
+// Remove takes a machine out of the rack's cluster for good: it checks
+// that etcd keeps its quorum without it (for a control plane), cordons
+// and drains its Node, takes it out of etcd, resets it with its disk
+// wiped and powers it off, and deletes its Node. The state dir records
+// each step before it is taken: run again, a removal cut short goes on
+// where it stopped (a machine asked to reset that no longer answers is
+// taken as reset).
+func Remove(ctx context.Context, o RemoveOptions) (Removed, error) {
+	start := time.Now()
+	if o.Wipe == "" {
+		o.Wipe = WipeSystem
+	}
+	if o.Wipe != WipeSystem && o.Wipe != WipeAll {
+		return Removed{}, fmt.Errorf("--wipe %q: system or all", o.Wipe)
+	}
+	st, err := state.Open(o.StateDir, o.Rack.Metadata.Name)
+	if err != nil {
+		return Removed{}, err
+	}
+	lo, err := leaveOptions(o.Rack, o.StateDir, st.Snapshot(), o.TalosPort, o.Timeout, o.Log)
+	if err != nil {
+		return Removed{}, err
+	}
+	lo.Lost = o.Lost
+	name := o.Machine
+	res := Removed{DryRun: o.DryRun}
+	res.Node = name
+	phase := st.Node(name).Phase
+	if phase == state.Removed {
+		// Only the Node may be left, if a run stopped right before.
+		res.Already = true
+		res.NodeDeleted, err = leave.DeleteNode(ctx, lo, name)
+		return res, err
+	}
+	if phase == state.Resetting && talosGone(ctx, lo, name) {
+		lo.Log.Info("asked to reset before and no longer answering: taken as reset", "node", name)
+		res.Reset = "asked before; no longer answers"
+		return finishRemove(ctx, st, lo, res, start)
+	}
+	if o.DryRun {
+		p, err := leave.Check(ctx, lo, name)
+		res.Left = leave.Left{Plan: p}
+		return res, err
+	}
+	if err := setPhase(st, name, state.Leaving); err != nil {
+		return res, err
+	}
+	res.Left, err = leave.Cluster(ctx, lo, name)
+	if err != nil {
+		return res, err
+	}
+	if o.Lost {
+		res.Reset = "not reset: lost (wipe its disks before it comes back)"
+		return finishRemove(ctx, st, lo, res, start)
+	}
+	if err := setPhase(st, name, state.Resetting); err != nil {
+		return res, err
+	}
+	if err := resetOff(ctx, lo, name, o.Wipe); err != nil {
+		return res, err
+	}
+	res.Reset = "wiped (" + o.Wipe + "), powered off"
+	return finishRemove(ctx, st, lo, res, start)
+}
+
+func finishRemove(ctx context.Context, st *state.Store, lo leave.Options, res Removed, start time.Time) (Removed, error) {
+	var err error
+	if err := setPhase(st, res.Node, state.Removed); err != nil {
+		return res, err
+	}
+	res.NodeDeleted, err = leave.DeleteNode(ctx, lo, res.Node)
+	res.Took = time.Since(start).Round(100 * time.Millisecond)
+	if err == nil {
+		lo.Log.Info("removed; take it out of the rack file", "node", res.Node)
+	}
+	return res, err
+}
+
+func setPhase(st *state.Store, name string, p state.Phase) error {
+	return st.Update(func(s *state.State) {
+		n := s.Nodes[name]
+		if n == nil {
+			n = &state.Node{Hostname: name}
+			s.Nodes[name] = n
+		}
+		n.Phase, n.Since, n.Error = p, time.Now(), ""
+	})
+}
+
+// leaveOptions are the leave package's options from the state dir.
+func leaveOptions(r *rack.Rack, stateDir string, st state.State, port int, timeout time.Duration, log *slog.Logger) (leave.Options, error) {
+	tc, err := clientconfig.Open(filepath.Join(stateDir, TalosDir, "talosconfig"))
+	if err != nil {
+		return leave.Options{}, err
+	}
+	if port == 0 {
+		port = talosapi.Port
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return leave.Options{Rack: r, State: st, Talosconfig: tc, Kubeconfig: filepath.Join(stateDir, KubeconfigFile),
+		TalosPort: port, Timeout: timeout, Log: log}, nil
+}
+
+// resetOff resets the machine with its disk wiped and without a reboot
+// (Talos powers it off), then waits until its API is gone. Not graceful:
+// the machine has left the cluster already.
+func resetOff(ctx context.Context, o leave.Options, name, wipe string) error {
+	endpoint := talosapi.Endpoint(o.State.Nodes[name].IP, o.TalosPort)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := talosapi.Secure(cctx, o.Talosconfig, endpoint)
+	if err != nil {
+		return fmt.Errorf("%s: the Talos API at %s: %w", name, endpoint, err)
+	}
+	defer c.Close()
+	mode := machine.ResetRequest_SYSTEM_DISK
+	if wipe == WipeAll {
+		mode = machine.ResetRequest_ALL
+	}
+	o.Log.Info("resetting: disk wiped, then powered off", "node", name, "wipe", wipe)
+	if err := c.ResetGeneric(cctx, &machine.ResetRequest{Graceful: false, Reboot: false, Mode: mode}); err != nil {
+		return fmt.Errorf("%s: reset: %w", name, err)
+	}
+	deadline := time.Now().Add(o.Timeout)
+	for !talosGone(ctx, o, name) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s: still answering %s after its reset", name, o.Timeout)
+		}
+		time.Sleep(time.Second)
+	}
+	return nil
+}
+
+// talosGone says the machine's configured Talos API does not answer.
+func talosGone(ctx context.Context, o leave.Options, name string) bool {
+	n := o.State.Nodes[name]
+	if n == nil || !n.IP.IsValid() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := talosapi.Secure(ctx, o.Talosconfig, talosapi.Endpoint(n.IP, o.TalosPort))
+	if err != nil {
+		return true
+	}
+	defer c.Close()
+	_, err = c.Version(ctx)
+	return err != nil
+}
