@@ -188,11 +188,11 @@ func TestBootstrapReportsAMachineThatNeverNetboots(t *testing.T) {
 	}
 }
 
-// TestReprovisionWorker: `cozyctl machine reprovision` resets an
-// installed worker through the Talos API (a one-time network boot set
-// through its BMC first) back to maintenance mode and marks it pending;
-// the next bootstrap installs it again and leaves the control plane
-// alone. A control plane is refused.
+// TestReprovisionWorker: `cozyctl node reset` resets an installed worker
+// through the Talos API (a one-time network boot set through its BMC
+// first) back to maintenance mode and marks it pending; the next
+// bootstrap installs it again and leaves the control plane alone. The
+// only control plane is refused: etcd would lose its quorum.
 func TestReprovisionWorker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -212,8 +212,8 @@ func TestReprovisionWorker(t *testing.T) {
 	if w := rows[0]; w.Machine != "w1" || w.How != "talos reset" || !w.Back || w.Error != "" {
 		t.Errorf("w1: %+v, want a Talos reset back in maintenance mode", w)
 	}
-	if cp := rows[1]; !strings.Contains(cp.Error, "a control plane") {
-		t.Errorf("cp1: %+v, want refused as a control plane", cp)
+	if cp := rows[1]; !strings.Contains(cp.Error, "etcd would lose its quorum: removing cp1 needs 1 of the 1 etcd members (cp1) healthy without it, and 0 are") {
+		t.Errorf("cp1: %+v, want refused: etcd would lose its quorum", cp)
 	}
 	st, err := state.Open(r.stateDir, "itest")
 	if err != nil {
@@ -296,10 +296,10 @@ func TestReprovisionThroughBMC(t *testing.T) {
 	}
 }
 
-// reprovision runs `cozyctl machine reprovision ARGS` in the rig's
+// reprovision runs `cozyctl node reset ARGS` in the rig's
 // namespace and returns its rows, what it printed, and how it exited.
 func reprovision(ctx context.Context, r *rackRig, args ...string) ([]bootstrap.Reprovisioned, string, error) {
-	cmd := r.ns.Command(ctx, cozyctl.Path(r.t), append([]string{"machine", "reprovision", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json"}, args...)...)
+	cmd := r.ns.Command(ctx, cozyctl.Path(r.t), append([]string{"node", "reset", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json"}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

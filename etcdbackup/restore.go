@@ -38,7 +38,7 @@ type RestoreOptions struct {
 	// removed): not asked, not wiped, not waited for. Every other control
 	// plane must answer. One named here must not come back with its old
 	// disk: its etcd would still hold the cluster from before the restore
-	// (wipe it first: cozyctl machine reprovision, or a reset).
+	// (wipe it first: cozyctl node reset, or a Talos reset).
 	Lost []string
 	// Timeout bounds each wait: a node back after its reset, every control
 	// plane a member again, the Kubernetes API answering (default 10m).

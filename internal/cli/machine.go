@@ -27,8 +27,15 @@ are driven at once, at most --parallel at a time, and each gets its own row:
 one BMC that fails or hangs (each request is bounded by --timeout) does not
 hold up the others. The command fails if any machine failed.`,
 	}
+	// Its former name, kept working; not cobra's Deprecated, which
+	// writes its notice to stdout, into -o json.
 	reprovision := newReprovisionCommand(g, "reprovision")
-	reprovision.Deprecated = "use cozyctl node reset"
+	reprovision.Hidden = true
+	run := reprovision.RunE
+	reprovision.RunE = func(cmd *cobra.Command, args []string) error {
+		g.Logger().Warn("cozyctl machine reprovision is now cozyctl node reset")
+		return run(cmd, args)
+	}
 	cmd.AddCommand(newMachinePowerCommand(g), newMachineBootCommand(g), newMachineInspectCommand(g), reprovision)
 	return cmd
 }

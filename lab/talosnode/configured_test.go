@@ -302,6 +302,12 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		if codeOf(err) != "FailedPrecondition" || !strings.Contains(err.Error(), "no etcd snapshot to recover from") {
 			t.Errorf("Bootstrap from a snapshot never uploaded: %v, want FailedPrecondition", err)
 		}
+		if err := c.EtcdLeaveCluster(ctx, &machine.EtcdLeaveClusterRequest{}); codeOf(err) != "Unavailable" {
+			t.Errorf("EtcdLeaveCluster before a bootstrap: %v, want Unavailable", err)
+		}
+		if err := c.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: 1}); codeOf(err) != "Unavailable" {
+			t.Errorf("EtcdRemoveMemberByID before a bootstrap: %v, want Unavailable", err)
+		}
 	})
 
 	t.Run("bad resets are refused", func(t *testing.T) {
@@ -414,6 +420,12 @@ func TestWorker(t *testing.T) {
 	}
 	if _, err := c.EtcdRecover(ctx, strings.NewReader("not a snapshot")); codeOf(err) != "Unimplemented" {
 		t.Errorf("EtcdRecover on a worker: %v, want Unimplemented", err)
+	}
+	if err := c.EtcdLeaveCluster(ctx, &machine.EtcdLeaveClusterRequest{}); codeOf(err) != "Unimplemented" || !strings.Contains(err.Error(), "etcd leave is only available on control plane nodes") {
+		t.Errorf("EtcdLeaveCluster on a worker: %v, want Talos's Unimplemented", err)
+	}
+	if err := c.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: 1}); codeOf(err) != "Unimplemented" || !strings.Contains(err.Error(), "etcd remove member is only available on control plane nodes") {
+		t.Errorf("EtcdRemoveMemberByID on a worker: %v, want Talos's Unimplemented", err)
 	}
 
 	if err := c.Shutdown(ctx); err != nil {
