@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/rackapi"
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/bootstrap/talosapi"
 	"cozy.dev/cozy/bootstrap/talosconfig"
@@ -35,8 +36,8 @@ import (
 
 // Files in the state dir besides state.json.
 const (
-	TalosDir       = "talos" // secrets.yaml, machine configs, talosconfig
-	KubeconfigFile = "kubeconfig"
+	TalosDir       = "talos" // secrets.yaml, machine configs, talosconfig (rackapi.TalosconfigFile)
+	KubeconfigFile = rackapi.KubeconfigFile
 )
 
 // Options of one bootstrap run.

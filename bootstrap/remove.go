@@ -4,16 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
-	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 
 	"cozy.dev/cozy/bootstrap/leave"
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/rackapi"
 	"cozy.dev/cozy/bootstrap/state"
-	"cozy.dev/cozy/bootstrap/talosapi"
 )
 
 // RemoveOptions of one `cozyctl node remove`.
@@ -65,7 +63,7 @@ func Remove(ctx context.Context, o RemoveOptions) (Removed, error) {
 	if err != nil {
 		return Removed{}, err
 	}
-	lo, err := leaveOptions(o.Rack, o.StateDir, st.Snapshot(), o.TalosPort, o.Timeout, o.Log)
+	lo, err := leaveOptions(o.Rack, o.StateDir, o.TalosPort, o.Timeout, o.Log)
 	if err != nil {
 		return Removed{}, err
 	}
@@ -136,31 +134,26 @@ func setPhase(st *state.Store, name string, p state.Phase) error {
 }
 
 // leaveOptions are the leave package's options from the state dir.
-func leaveOptions(r *rack.Rack, stateDir string, st state.State, port int, timeout time.Duration, log *slog.Logger) (leave.Options, error) {
-	tc, err := clientconfig.Open(filepath.Join(stateDir, TalosDir, "talosconfig"))
+func leaveOptions(r *rack.Rack, stateDir string, port int, timeout time.Duration, log *slog.Logger) (leave.Options, error) {
+	ra, err := rackapi.Open(r, stateDir, port)
 	if err != nil {
 		return leave.Options{}, err
-	}
-	if port == 0 {
-		port = talosapi.Port
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return leave.Options{Rack: r, State: st, Talosconfig: tc, Kubeconfig: filepath.Join(stateDir, KubeconfigFile),
-		TalosPort: port, Timeout: timeout, Log: log}, nil
+	return leave.Options{Rack: ra, Timeout: timeout, Log: log}, nil
 }
 
 // resetOff resets the machine with its disk wiped and without a reboot
 // (Talos powers it off), then waits until its API is gone. Not graceful:
 // the machine has left the cluster already.
 func resetOff(ctx context.Context, o leave.Options, name, wipe string) error {
-	endpoint := talosapi.Endpoint(o.State.Nodes[name].IP, o.TalosPort)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c, err := talosapi.Secure(cctx, o.Talosconfig, endpoint)
+	c, err := o.Rack.Connect(cctx, name)
 	if err != nil {
-		return fmt.Errorf("%s: the Talos API at %s: %w", name, endpoint, err)
+		return fmt.Errorf("%s: the Talos API at %s: %w", name, o.Rack.Endpoint(name), err)
 	}
 	defer c.Close()
 	mode := machine.ResetRequest_SYSTEM_DISK
@@ -183,17 +176,11 @@ func resetOff(ctx context.Context, o leave.Options, name, wipe string) error {
 
 // talosGone says the machine's configured Talos API does not answer.
 func talosGone(ctx context.Context, o leave.Options, name string) bool {
-	n := o.State.Nodes[name]
-	if n == nil || !n.IP.IsValid() {
+	if o.Rack.Endpoint(name) == "" {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := talosapi.Secure(ctx, o.Talosconfig, talosapi.Endpoint(n.IP, o.TalosPort))
-	if err != nil {
-		return true
-	}
-	defer c.Close()
-	_, err = c.Version(ctx)
+	_, err := o.Rack.Version(ctx, name)
 	return err != nil
 }

@@ -136,7 +136,7 @@ func reprovision(ctx context.Context, o ReprovisionOptions, name string) (Reprov
 	// Out of the cluster first: drained, and out of etcd for a control
 	// plane (refused if etcd would lose its quorum). A machine whose API
 	// is gone is left as lost: its member is removed through the others.
-	lo, err := leaveOptions(o.Rack, o.StateDir, st.Snapshot(), o.TalosPort, o.Timeout, o.Log)
+	lo, err := leaveOptions(o.Rack, o.StateDir, o.TalosPort, o.Timeout, o.Log)
 	if err != nil {
 		return res, err
 	}

@@ -13,21 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
-// kube is a client of the cluster through the bootstrap's kubeconfig.
-func kube(o Options) (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("the bootstrap's kubeconfig: %w", err)
-	}
-	rc.Timeout = 30 * time.Second
-	return kubernetes.NewForConfig(rc)
-}
-
 func hasNode(ctx context.Context, o Options, name string) (bool, error) {
-	kc, err := kube(o)
+	kc, err := o.Rack.Kube()
 	if err != nil {
 		return false, err
 	}
@@ -49,7 +38,7 @@ func hasNode(ctx context.Context, o Options, name string) (bool, error) {
 // dead node nothing would end them; the pod garbage collector deletes
 // them once the Node is deleted.
 func drain(ctx context.Context, o Options, name string) (cordoned bool, evicted []string, err error) {
-	kc, err := kube(o)
+	kc, err := o.Rack.Kube()
 	if err != nil {
 		return false, nil, err
 	}
@@ -174,7 +163,7 @@ func waitGone(ctx context.Context, o Options, kc kubernetes.Interface, pods []co
 // until another control plane holds the VIP.
 func DeleteNode(ctx context.Context, o Options, name string) (bool, error) {
 	o = o.withDefaults()
-	kc, err := kube(o)
+	kc, err := o.Rack.Kube()
 	if err != nil {
 		return false, err
 	}

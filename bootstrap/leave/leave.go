@@ -15,43 +15,29 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
-	"github.com/siderolabs/talos/pkg/machinery/client"
-	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"cozy.dev/cozy/bootstrap/rack"
-	"cozy.dev/cozy/bootstrap/state"
-	"cozy.dev/cozy/bootstrap/talosapi"
+	"cozy.dev/cozy/bootstrap/rackapi"
 )
 
-// Options say where the rack's nodes are and how to reach them.
+// Options say which rack and how.
 type Options struct {
-	Rack *rack.Rack
-	// State is the bootstrap's record: the nodes' addresses.
-	State       state.State
-	Talosconfig *clientconfig.Config
-	// Kubeconfig is the path of the bootstrap's admin kubeconfig.
-	Kubeconfig string
-	TalosPort  int
+	Rack *rackapi.Rack
 	// Lost says the machine is gone for good: it is not asked for
 	// anything; its etcd member is removed through another control plane.
 	Lost bool
-	// Timeout bounds the drain (default 5m).
+	// Timeout bounds the drain and the Node's deletion (default 5m).
 	Timeout time.Duration
 	Log     *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
-	if o.TalosPort == 0 {
-		o.TalosPort = talosapi.Port
-	}
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
 	}
@@ -70,14 +56,13 @@ type Plan struct {
 	// Etcd is its etcd membership: "voter", "learner" or "" (none).
 	Etcd string `json:"etcd,omitempty"`
 	// Members are etcd's voting members before the removal, and Healthy
-	// those whose etcd answered without errors.
+	// those whose etcd answered with a leader and without errors.
 	Members []string `json:"members,omitempty"`
 	Healthy []string `json:"healthy,omitempty"`
 	// HasNode says Kubernetes has a Node of that name.
 	HasNode bool `json:"hasNode"`
 
-	endpoint string
-	memberID uint64
+	member rackapi.Member
 }
 
 // Left is what Cluster did.
@@ -100,21 +85,17 @@ var ErrQuorum = errors.New("etcd would lose its quorum")
 // without it.
 func Check(ctx context.Context, o Options, name string) (Plan, error) {
 	o = o.withDefaults()
-	m, err := machineOf(o.Rack, name)
+	m, err := o.Rack.Machine(name)
 	if err != nil {
 		return Plan{}, err
 	}
 	p := Plan{Node: name, Role: m.Role}
-	ip := nodeIP(o.State, name)
-	if ip.IsValid() {
-		p.endpoint = talosapi.Endpoint(ip, o.TalosPort)
-	}
 	if !o.Lost {
-		if !ip.IsValid() {
+		if o.Rack.Endpoint(name) == "" {
 			return p, fmt.Errorf("%s: the bootstrap in the state dir has no address for it: it never joined; nothing to take out", name)
 		}
-		if err := answers(ctx, o, p.endpoint); err != nil {
-			return p, fmt.Errorf("%s does not answer at %s (%w): if the machine is gone for good, run again with --lost", name, p.endpoint, err)
+		if _, err := o.Rack.Version(ctx, name); err != nil {
+			return p, fmt.Errorf("%s does not answer at %s (%w): if the machine is gone for good, run again with --lost", name, o.Rack.Endpoint(name), err)
 		}
 		p.Answers = true
 	}
@@ -153,78 +134,24 @@ func Cluster(ctx context.Context, o Options, name string) (Left, error) {
 	return left, nil
 }
 
-func machineOf(r *rack.Rack, name string) (*rack.Machine, error) {
-	i := slices.IndexFunc(r.Machines, func(m rack.Machine) bool { return m.Hostname == name })
-	if i < 0 {
-		var names []string
-		for _, m := range r.Machines {
-			names = append(names, m.Hostname)
-		}
-		return nil, fmt.Errorf("no machine %q in the rack (its machines: %s)", name, strings.Join(names, ", "))
-	}
-	return &r.Machines[i], nil
-}
-
-func nodeIP(st state.State, name string) netip.Addr {
-	if n := st.Nodes[name]; n != nil {
-		return n.IP
-	}
-	return netip.Addr{}
-}
-
-// connect opens a node's Talos API, with a deadline for the dial.
-func connect(ctx context.Context, o Options, endpoint string) (*client.Client, error) {
-	return talosapi.Secure(ctx, o.Talosconfig, endpoint)
-}
-
-// answers checks that the node's configured Talos API answers.
-func answers(ctx context.Context, o Options, endpoint string) error {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := connect(ctx, o, endpoint)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_, err = c.Version(ctx)
-	return err
-}
-
-// member is one etcd member, as a control plane lists it.
-type member struct {
-	name    string
-	id      uint64
-	learner bool
-	healthy bool
-}
-
 // etcdView fills in p's etcd membership and checks that etcd keeps its
 // quorum without p's node.
 func etcdView(ctx context.Context, o Options, p *Plan) error {
-	members, err := etcdMembers(ctx, o)
+	etcd, err := o.Rack.Etcd(ctx)
 	if err != nil {
 		return err
 	}
-	for _, m := range members {
-		if m.learner {
-			if m.name == p.Node {
-				p.Etcd, p.memberID = "learner", m.id
-			}
-			continue
-		}
-		p.Members = append(p.Members, m.name)
-		if m.healthy {
-			p.Healthy = append(p.Healthy, m.name)
-		}
-		if m.name == p.Node {
-			p.Etcd, p.memberID = "voter", m.id
-		}
+	p.Members, p.Healthy = etcd.Voters(), etcd.Healthy()
+	m, ok := etcd.Member(p.Node)
+	if !ok {
+		return nil
 	}
-	slices.Sort(p.Members)
-	slices.Sort(p.Healthy)
-	if p.Etcd != "voter" {
+	p.member = m
+	if m.Learner {
+		p.Etcd = "learner"
 		return nil // a learner does not vote: removing it cannot cost a quorum
 	}
+	p.Etcd = "voter"
 	return quorumWithout(p.Members, p.Healthy, p.Node)
 }
 
@@ -252,83 +179,12 @@ func quorumWithout(members, healthy []string, name string) error {
 		ErrQuorum, name, need, len(members), strings.Join(members, ", "), len(others), list)
 }
 
-// etcdMembers lists etcd's members through the first control plane of
-// the rack that answers, each marked healthy if its own node reports its
-// etcd without errors and with a leader.
-func etcdMembers(ctx context.Context, o Options) ([]member, error) {
-	var errs []error
-	for _, m := range o.Rack.Machines {
-		if m.Role != rack.RoleControlPlane {
-			continue
-		}
-		ip := nodeIP(o.State, m.Hostname)
-		if !ip.IsValid() {
-			continue
-		}
-		members, err := memberList(ctx, o, talosapi.Endpoint(ip, o.TalosPort))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", m.Hostname, err))
-			continue
-		}
-		for i := range members {
-			members[i].healthy = etcdHealthy(ctx, o, members[i].name)
-		}
-		return members, nil
-	}
-	return nil, fmt.Errorf("no control plane lists etcd's members: %w", errors.Join(errs...))
-}
-
-func memberList(ctx context.Context, o Options, endpoint string) ([]member, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := connect(ctx, o, endpoint)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("etcd members: %w", err)
-	}
-	var out []member
-	for _, msg := range resp.GetMessages() {
-		for _, m := range msg.GetMembers() {
-			out = append(out, member{name: m.GetHostname(), id: m.GetId(), learner: m.GetIsLearner()})
-		}
-	}
-	return out, nil
-}
-
-// etcdHealthy asks the member's own node for its etcd status.
-func etcdHealthy(ctx context.Context, o Options, name string) bool {
-	ip := nodeIP(o.State, name)
-	if !ip.IsValid() {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	c, err := connect(ctx, o, talosapi.Endpoint(ip, o.TalosPort))
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	resp, err := c.EtcdStatus(ctx)
-	if err != nil {
-		return false
-	}
-	for _, msg := range resp.GetMessages() {
-		st := msg.GetMemberStatus()
-		return st.GetLeader() != 0 && len(st.GetErrors()) == 0
-	}
-	return false
-}
-
 // leaveEtcd takes p's node out of etcd: it leaves by itself, or, if it
 // is lost, a healthy control plane removes its member.
 func leaveEtcd(ctx context.Context, o Options, p Plan) (string, error) {
 	if !o.Lost {
 		o.Log.Info("leaving etcd", "node", p.Node)
-		c, err := connect(ctx, o, p.endpoint)
+		c, err := o.Rack.Connect(ctx, p.Node)
 		if err != nil {
 			return "", err
 		}
@@ -344,17 +200,17 @@ func leaveEtcd(ctx context.Context, o Options, p Plan) (string, error) {
 			continue
 		}
 		o.Log.Info("removing the lost node's etcd member", "node", p.Node, "through", h)
-		c, err := connect(ctx, o, talosapi.Endpoint(nodeIP(o.State, h), o.TalosPort))
+		c, err := o.Rack.Connect(ctx, h)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		err = c.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: p.memberID})
+		err = c.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: p.member.ID})
 		c.Close()
 		if err == nil || status.Code(err) == codes.NotFound {
 			return "removed through " + h, nil
 		}
-		errs = append(errs, fmt.Errorf("%s: etcd remove member %016x: %w", h, p.memberID, err))
+		errs = append(errs, fmt.Errorf("%s: etcd remove member %016x: %w", h, p.member.ID, err))
 	}
 	return "", fmt.Errorf("no control plane removed %s's etcd member: %w", p.Node, errors.Join(errs...))
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-
-	"cozy.dev/cozy/bootstrap/rack"
 )
 
 func TestQuorumWithout(t *testing.T) {
@@ -34,15 +32,5 @@ func TestQuorumWithout(t *testing.T) {
 				t.Fatalf("message %q, want ErrQuorum and %q", err, tc.refused)
 			}
 		})
-	}
-}
-
-func TestMachineOfNamesTheRack(t *testing.T) {
-	r := &rack.Rack{Machines: []rack.Machine{{Hostname: "cp1"}, {Hostname: "w1"}}}
-	if _, err := machineOf(r, "w9"); err == nil || !strings.Contains(err.Error(), `no machine "w9" in the rack (its machines: cp1, w1)`) {
-		t.Fatalf("got %v", err)
-	}
-	if m, err := machineOf(r, "w1"); err != nil || m.Hostname != "w1" {
-		t.Fatalf("got %v, %v", m, err)
 	}
 }
