@@ -35,6 +35,7 @@ require (
 	go.etcd.io/etcd/etcdutl/v3 v3.7.1
 	go.uber.org/zap v1.27.1
 	go.yaml.in/yaml/v3 v3.0.5
+	golang.org/x/mod v0.41.0
 	golang.org/x/net v0.59.0
 	golang.org/x/sync v0.23.0
 	golang.org/x/sys v0.48.0

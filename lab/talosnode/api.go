@@ -65,7 +65,7 @@ func (s *maintenanceServer) ApplyConfiguration(ctx context.Context, req *machine
 	}
 	n := s.node
 	st := n.currentState()
-	_, warnings, err := loadMachineConfig(ctx, req.GetData(), st)
+	mc, warnings, err := loadMachineConfig(ctx, req.GetData(), st)
 	if err != nil {
 		n.log.Info("machine config refused; the client has the reason", "code", status.Code(err).String()) // the reason may quote the config
 		return nil, err
@@ -78,6 +78,10 @@ func (s *maintenanceServer) ApplyConfiguration(ctx context.Context, req *machine
 	err = n.transition(reboot, func() error {
 		if err := writeFileAtomic(filepath.Join(n.cfg.StateDir, ConfigFile), req.GetData(), 0o600); err != nil {
 			return status.Errorf(codes.Internal, "write the machine config to disk: %s", err)
+		}
+		// The install puts its image's version on the disk.
+		if err := writeFileAtomic(filepath.Join(n.cfg.StateDir, VersionFile), []byte(installedVersion(mc)+"\n"), 0o600); err != nil {
+			return status.Errorf(codes.Internal, "write the installed version to disk: %s", err)
 		}
 		return put(ctx, st, machineStatus(runtime.MachineStageInstalling, false))
 	})
@@ -95,9 +99,15 @@ type configuredServer struct {
 	node *Node
 }
 
+// Version reports the version on the node's disk as of this boot (the
+// emulation's own build information otherwise).
 func (s *configuredServer) Version(context.Context, *emptypb.Empty) (*machine.VersionResponse, error) {
+	v := version.NewVersion()
+	s.node.mu.Lock()
+	v.Tag = s.node.version
+	s.node.mu.Unlock()
 	return &machine.VersionResponse{Messages: []*machine.Version{{
-		Version:  version.NewVersion(),
+		Version:  v,
 		Platform: &machine.PlatformInfo{Name: "metal", Mode: metal{}.String()},
 		Features: &machine.FeaturesInfo{Rbac: true}, // always on since Talos 1.6
 	}}}, nil

@@ -24,6 +24,7 @@ import (
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"github.com/siderolabs/talos/pkg/machinery/version"
 
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
@@ -427,6 +428,38 @@ func TestWorker(t *testing.T) {
 	if err := c.EtcdRemoveMemberByID(ctx, &machine.EtcdRemoveMemberByIDRequest{MemberId: 1}); codeOf(err) != "Unimplemented" || !strings.Contains(err.Error(), "etcd remove member is only available on control plane nodes") {
 		t.Errorf("EtcdRemoveMemberByID on a worker: %v, want Talos's Unimplemented", err)
 	}
+
+	// Upgrade: the installer image's tag is the version the node
+	// reboots into; a tag that is not a version and a staged upgrade are
+	// refused.
+	tag := func() string {
+		v, err := configClient(t, tc, worker.endpoint()).Version(ctx)
+		if err != nil {
+			return err.Error()
+		}
+		return v.GetMessages()[0].GetVersion().GetTag()
+	}
+	if got := tag(); got != version.Tag {
+		t.Fatalf("installed version %s, want the rack's installer's %s", got, version.Tag)
+	}
+	const installer = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
+	if _, err := c.Upgrade(ctx, installer+":latest", false, false); err == nil || !strings.Contains(err.Error(), `error validating installer image`) {
+		t.Errorf("Upgrade to :latest: %v, want refused", err)
+	}
+	if _, err := c.Upgrade(ctx, installer+":v1.13.1", true, false); codeOf(err) != "Unimplemented" {
+		t.Errorf("a staged Upgrade: %v, want Unimplemented", err)
+	}
+	up, err := c.Upgrade(ctx, installer+":v1.13.1", false, false)
+	if err != nil || up.GetMessages()[0].GetAck() != "Upgrade request received" {
+		t.Fatalf("Upgrade: %v %v", up, err)
+	}
+	poll.Within(t, 30*time.Second, 100*time.Millisecond, "the worker back on v1.13.1", func() error {
+		if got := tag(); got != "v1.13.1" {
+			return fmt.Errorf("version %s", got)
+		}
+		return nil
+	})
+	waitConfigured(t, worker, tc)
 
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)

@@ -35,6 +35,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/security"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"github.com/siderolabs/talos/pkg/machinery/version"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -54,6 +55,8 @@ type Node struct {
 	state    state.State
 	// cp runs etcd and kube-apiserver on a bootstrapped control plane.
 	cp *controlPlane
+	// version is the Talos version this boot reports (VersionFile).
+	version string
 	// etcdLeft: this control plane left etcd (EtcdLeaveCluster) in this
 	// boot; its etcd service is finished until the next.
 	etcdLeft bool
@@ -225,15 +228,15 @@ func (n *Node) boot(ctx context.Context) (*booted, error) {
 		return nil, err
 	}
 	st := newState()
-	hostname, m := n.cfg.Hostname, maintenance
+	hostname, m, ver := n.cfg.Hostname, maintenance, version.Tag
 	if mc != nil {
-		hostname, m = hostnameOf(mc, n.cfg.Hostname), configured
+		hostname, m, ver = hostnameOf(mc, n.cfg.Hostname), configured, n.diskVersion()
 	}
-	if err := seed(ctx, st, bootResources(n.cfg, hostname, "")...); err != nil {
+	if err := seed(ctx, st, bootResources(n.cfg, hostname, "", ver)...); err != nil {
 		return nil, err
 	}
 	n.mu.Lock()
-	n.mode, n.machine, n.hostname, n.state = m, mc, hostname, st
+	n.mode, n.machine, n.hostname, n.state, n.version = m, mc, hostname, st, ver
 	n.etcdLeft = false
 	n.mu.Unlock()
 	if n.cfg.NodeServices {

@@ -16,7 +16,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/resources/hardware"
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
-	"github.com/siderolabs/talos/pkg/machinery/version"
 )
 
 // newState is the node's resource store for one boot: in memory, one
@@ -29,7 +28,7 @@ func newState() state.State {
 // in maintenance and configured mode alike: what Talos's controllers
 // publish about the hardware, the network, the hostname and the version.
 // Each carries the ID and namespace Talos gives it.
-func bootResources(c Config, hostname, domainname string) []resource.Resource {
+func bootResources(c Config, hostname, domainname, talosVersion string) []resource.Resource {
 	var rs []resource.Resource
 	for _, d := range c.Disks {
 		rs = append(rs, disk(d))
@@ -83,7 +82,7 @@ func bootResources(c Config, hostname, domainname string) []resource.Resource {
 
 	v := runtime.NewVersion()
 	v.TypedSpec().Name = "Talos"
-	v.TypedSpec().Version = version.Tag
+	v.TypedSpec().Version = talosVersion
 	rs = append(rs, v)
 	return rs
 }
