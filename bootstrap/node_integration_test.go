@@ -229,41 +229,61 @@ type etcdSampler struct {
 	s      etcdSamples
 }
 
-// sampleEtcd asks n every 100 ms for etcd's members and its status (a
-// leader, or none), until stop.
-func sampleEtcd(t *testing.T, r *rackRig, n *emuNode) *etcdSampler {
-	c := talosClient(t, r, n)
+// sampleEtcd asks the first of nodes that answers, every 100 ms, for
+// etcd's members and its status (a leader, or none), until stop. A
+// sample fails when none answers.
+func sampleEtcd(t *testing.T, r *rackRig, nodes ...*emuNode) *etcdSampler {
+	var clients []*client.Client
+	for _, n := range nodes {
+		clients = append(clients, talosClient(t, r, n))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sm := &etcdSampler{cancel: cancel, s: etcdSamples{fewest: 1 << 30}}
+	sample := func(c *client.Client) ([]string, bool, error) {
+		cctx, ccancel := context.WithTimeout(ctx, time.Second)
+		defer ccancel()
+		members, err := c.EtcdMemberList(cctx, &machine.EtcdMemberListRequest{})
+		if err != nil {
+			return nil, false, err
+		}
+		st, err := c.EtcdStatus(cctx)
+		if err != nil {
+			return nil, false, err
+		}
+		var voters []string
+		for _, m := range members.GetMessages()[0].GetMembers() {
+			if !m.GetIsLearner() {
+				voters = append(voters, m.GetHostname())
+			}
+		}
+		slices.Sort(voters)
+		return voters, st.GetMessages()[0].GetMemberStatus().GetLeader() != 0, nil
+	}
 	sm.wg.Go(func() {
 		for ctx.Err() == nil {
-			cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-			members, err := c.EtcdMemberList(cctx, &machine.EtcdMemberListRequest{})
-			var st *machine.EtcdStatusResponse
-			if err == nil {
-				st, err = c.EtcdStatus(cctx)
+			var (
+				voters []string
+				leader bool
+				err    error
+			)
+			for _, c := range clients {
+				if voters, leader, err = sample(c); err == nil {
+					break
+				}
 			}
-			ccancel()
 			if ctx.Err() != nil {
 				return
 			}
 			sm.s.n++
-			if err != nil {
+			switch {
+			case err != nil:
 				sm.s.failed++
 				if sm.s.firstErr == nil {
 					sm.s.firstErr = err
 				}
-			} else {
-				if st.GetMessages()[0].GetMemberStatus().GetLeader() == 0 {
-					sm.s.noLeader++
-				}
-				var voters []string
-				for _, m := range members.GetMessages()[0].GetMembers() {
-					if !m.GetIsLearner() {
-						voters = append(voters, m.GetHostname())
-					}
-				}
-				slices.Sort(voters)
+			case !leader:
+				sm.s.noLeader++
+			default:
 				sm.s.fewest = min(sm.s.fewest, len(voters))
 				sm.s.last = voters
 			}

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/rackapi"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/wait"
 )
 
 // RemoveOptions of one `cozyctl node remove`.
@@ -164,14 +166,12 @@ func resetOff(ctx context.Context, o leave.Options, name, wipe string) error {
 	if err := c.ResetGeneric(cctx, &machine.ResetRequest{Graceful: false, Reboot: false, Mode: mode}); err != nil {
 		return fmt.Errorf("%s: reset: %w", name, err)
 	}
-	deadline := time.Now().Add(o.Timeout)
-	for !talosGone(ctx, o, name) {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s: still answering %s after its reset", name, o.Timeout)
+	return wait.For(ctx, o.Timeout, name+" gone after its reset", func() error {
+		if !talosGone(ctx, o, name) {
+			return errors.New("its Talos API still answers")
 		}
-		time.Sleep(time.Second)
-	}
-	return nil
+		return nil
+	})
 }
 
 // talosGone says the machine's configured Talos API does not answer.

@@ -20,6 +20,7 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
 	"cozy.dev/cozy/bootstrap/talosapi"
+	"cozy.dev/cozy/internal/wait"
 )
 
 // RestoreOptions of one restore.
@@ -248,7 +249,7 @@ func wipeOne(ctx context.Context, o RestoreOptions, tc *clientconfig.Config, cp 
 	}
 	// Until it reboots the node's etcd still runs (or stops); while it
 	// reboots it does not answer; back, etcd waits for the restore.
-	return poll(ctx, o.Timeout, cp.name+": back after the reset with etcd waiting", func() error {
+	return wait.For(ctx, o.Timeout, cp.name+": back after the reset with etcd waiting", func() error {
 		state, err := etcdService(ctx, tc, cp)
 		if err == nil && state != etcdPreparing {
 			return fmt.Errorf("its etcd service is %s", state)
@@ -296,7 +297,7 @@ func recordBootstrap(o Options, node string) error {
 // restored etcd.
 func waitMembers(ctx context.Context, o RestoreOptions, tc *clientconfig.Config, target controlPlane, want []string) ([]string, error) {
 	var members []string
-	err := poll(ctx, o.Timeout, "every control plane back in etcd", func() error {
+	err := wait.For(ctx, o.Timeout, "every control plane back in etcd", func() error {
 		var err error
 		members, err = etcdMembers(ctx, tc, target)
 		if err != nil {
@@ -323,26 +324,8 @@ func waitAPI(ctx context.Context, o RestoreOptions) error {
 	if err != nil {
 		return err
 	}
-	return poll(ctx, o.Timeout, "the Kubernetes API at "+rc.Host, func() error {
+	return wait.For(ctx, o.Timeout, "the Kubernetes API at "+rc.Host, func() error {
 		_, err := dc.ServerVersion()
 		return err
 	})
-}
-
-// poll runs f every second until it returns nil, ctx ends or timeout
-// passes; then the error says what was awaited and f's last error.
-func poll(ctx context.Context, timeout time.Duration, what string, f func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), err)
-		case <-time.After(time.Second):
-		}
-	}
 }

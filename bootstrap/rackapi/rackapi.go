@@ -14,9 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -118,6 +120,39 @@ func (r *Rack) Version(ctx context.Context, name string) (string, error) {
 		return m.GetVersion().GetTag(), nil
 	}
 	return "", errors.New("an empty version reply")
+}
+
+// MachineState is what a node says of itself: its Talos version and its
+// machine stage (running, upgrading, rebooting, ...).
+type MachineState struct {
+	Version string
+	Stage   runtime.MachineStage
+}
+
+// MachineState asks the node for its version and machine stage; an error if it
+// does not answer within 15 s.
+func (r *Rack) MachineState(ctx context.Context, name string) (MachineState, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c, err := r.Connect(ctx, name)
+	if err != nil {
+		return MachineState{}, err
+	}
+	defer c.Close()
+	v, err := c.Version(ctx)
+	if err != nil {
+		return MachineState{}, err
+	}
+	var ms MachineState
+	for _, m := range v.GetMessages() {
+		ms.Version = m.GetVersion().GetTag()
+	}
+	st, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
+	if err != nil {
+		return ms, fmt.Errorf("machine status: %w", err)
+	}
+	ms.Stage = st.TypedSpec().Stage
+	return ms, nil
 }
 
 // Kube is a client of the cluster through the bootstrap's kubeconfig.

@@ -89,6 +89,7 @@ QEMU lab rack to try all of it on one machine.`,
 	root.AddCommand(newMachineCommand(g))
 	root.AddCommand(newEtcdCommand(g))
 	root.AddCommand(newNodeCommand(g))
+	root.AddCommand(newUpgradeCommand(g))
 	return root, g
 }
 

@@ -1,0 +1,42 @@
+package upgrade
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"cozy.dev/cozy/bootstrap/rack"
+)
+
+func TestCheckStep(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, refused string
+	}{
+		{"v1.13.0", "v1.13.1", ""},
+		{"v1.13.0", "v1.13.0", ""},
+		{"v1.13.4", "v1.14.0", ""},
+		{"v1.13.1", "v1.13.0", "it runs v1.13.1, newer than v1.13.0: Cozy does not downgrade"},
+		{"v1.13.0", "v1.15.0", "v1.13.0 to v1.15.0 skips a minor version: upgrade one minor at a time (v1.14 first)"},
+		{"v1.13.0", "v2.0.0", "skips a minor version"},
+		{"v1.13.0", "latest", `"latest" is not a Talos version`},
+		{"", "v1.13.0", `it reports version ""`},
+	} {
+		err := checkStep(tc.from, tc.to)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Errorf("%s to %s refused: %v", tc.from, tc.to, err)
+		case tc.refused != "" && (err == nil || !strings.Contains(err.Error(), tc.refused)):
+			t.Errorf("%s to %s: %v, want %q", tc.from, tc.to, err, tc.refused)
+		}
+	}
+}
+
+func TestOrderIsControlPlanesFirst(t *testing.T) {
+	r := &rack.Rack{Machines: []rack.Machine{
+		{Hostname: "w1", Role: rack.RoleWorker}, {Hostname: "cp2", Role: rack.RoleControlPlane},
+		{Hostname: "w2", Role: rack.RoleWorker}, {Hostname: "cp1", Role: rack.RoleControlPlane},
+	}}
+	if got := order(r); !slices.Equal(got, []string{"cp2", "cp1", "w1", "w2"}) {
+		t.Errorf("order %v, want the control planes in rack order, then the workers", got)
+	}
+}

@@ -1,0 +1,217 @@
+//go:build integration
+
+package bootstrap_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/siderolabs/talos/pkg/machinery/gendata"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"cozy.dev/cozy/bootstrap"
+	"cozy.dev/cozy/bootstrap/upgrade"
+	"cozy.dev/cozy/internal/testing/cozyctl"
+)
+
+// TestTalosUpgrade upgrades a rack of three control planes and a worker
+// behind a VIP from the Talos version it was installed with to the next
+// patch named in its rack file, with `cozyctl upgrade talos` killed at
+// ten random moments and run again until it finishes, while etcd is
+// sampled every 100 ms through whichever control plane answers and the
+// Kubernetes API through the VIP: etcd has a leader in every sample,
+// every node ends on the new version, each was asked to upgrade once,
+// and a last run finds nothing to do. A --version other than the rack's
+// and a downgrade are refused before anything changes (a jump of two
+// minors: TestCheckStep; the rack file already refuses a Talos version
+// its Kubernetes version does not run on).
+func TestTalosUpgrade(t *testing.T) {
+	const vip = rigSubnet + ".9"
+	r := newRackRig(t, 3, 1, "cluster: {vip: "+vip+"}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.boot(ctx)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	from := strings.TrimSpace(gendata.VersionTag)
+	to := nextPatch(t, from)
+	rackYAML, err := os.ReadFile(r.rackFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setVersion := func(v string) {
+		t.Helper()
+		if err := os.WriteFile(r.rackFile, append(slices.Clone(rackYAML), []byte("talos: {version: "+v+"}\n")...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cozy := func(args ...string) (string, string, error) {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+
+	// Refused before anything changes.
+	if _, stderr, err := cozy("upgrade", "talos", "--version", to); err == nil || !strings.Contains(stderr, "the rack file says talos.version "+from) {
+		t.Errorf("--version other than the rack's: %v\n%s", err, stderr)
+	}
+
+	setVersion(to)
+	out, stderr, err := cozy("upgrade", "talos", "--dry-run")
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, stderr)
+	}
+	var plan upgrade.Result
+	if err := json.Unmarshal([]byte(out), &plan); err != nil {
+		t.Fatalf("dry run -o json: %v: %s", err, out)
+	}
+	if got := stepNames(plan); got != "cp1 cp2 cp3 w1" || plan.Nodes[0].From != from || plan.Nodes[0].Result != "to upgrade" {
+		t.Errorf("plan %+v, want cp1..cp3 then w1, from %s, to upgrade", plan, from)
+	}
+
+	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Timeout = time.Second
+	api := sampleAPI(kubernetes.NewForConfigOrDie(rc))
+	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
+	start := time.Now()
+	// Ten runs killed at random moments, then one to the end.
+	for i := range 10 {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), "upgrade", "talos", "--rack", r.rackFile, "--state-dir", r.stateDir)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		after := time.Duration(500+rand.IntN(4000)) * time.Millisecond
+		time.Sleep(after)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Logf("run %d killed after %v", i+1, after)
+	}
+	out, stderr, err = cozy("upgrade", "talos", "--timeout", "3m")
+	took := time.Since(start)
+	samples := s.stop()
+	failures, requests := api.stop()
+	if err != nil {
+		t.Fatalf("upgrade: %v\n%s", err, tail(stderr, 30))
+	}
+	var res upgrade.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("upgrade -o json: %v: %s", err, out)
+	}
+	t.Logf("rolling Talos upgrade of 4 nodes %s → %s, 10 runs killed, then one to the end: %v; etcd: %s; Kubernetes API through the VIP: %d of %d requests failed",
+		from, to, took.Round(100*time.Millisecond), samples, failures, requests)
+	if samples.failed > 0 || samples.noLeader > 0 || samples.n < 20 {
+		t.Errorf("etcd through the upgrade: %s; want every sample answered with a leader", samples)
+	}
+	for _, n := range r.nodes {
+		if v := talosVersion(t, r, n); v != to {
+			t.Errorf("%s runs %s after the upgrade, want %s", n.host, v, to)
+		}
+		if asked := strings.Count(n.log.String(), "upgrade request received"); asked != 1 {
+			t.Errorf("%s was asked to upgrade %d times, want once", n.host, asked)
+		}
+	}
+
+	out, stderr, err = cozy("upgrade", "talos")
+	if err != nil {
+		t.Fatalf("upgrade again: %v\n%s", err, stderr)
+	}
+	var again upgrade.Result
+	if err := json.Unmarshal([]byte(out), &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range again.Nodes {
+		if st.Result != "already on the version" {
+			t.Errorf("a last run: %s %s, want nothing to do", st.Node, st.Result)
+		}
+	}
+	// Back to the old version in the rack: refused, nothing changes.
+	setVersion(from)
+	if _, stderr, err := cozy("upgrade", "talos"); err == nil || !strings.Contains(stderr, "it runs "+to+", newer than "+from+": Cozy does not downgrade") {
+		t.Errorf("a downgrade: %v\n%s", err, stderr)
+	}
+}
+
+func stepNames(r upgrade.Result) string {
+	var names []string
+	for _, s := range r.Nodes {
+		names = append(names, s.Node)
+	}
+	return strings.Join(names, " ")
+}
+
+// nextPatch is v with its patch number one higher.
+func nextPatch(t *testing.T, v string) string {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(v, "v%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("version %q: %v", v, err)
+	}
+	return fmt.Sprintf("v%d.%d.%d", major, minor, patch+1)
+}
+
+func talosVersion(t *testing.T, r *rackRig, n *emuNode) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := talosClient(t, r, n).Version(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	return v.GetMessages()[0].GetVersion().GetTag()
+}
+
+// apiSampler reads a Namespace through the kubeconfig (the VIP) every
+// 100 ms: a quorum read, failing while no API server behind the VIP can
+// serve it.
+type apiSampler struct {
+	cancel             context.CancelFunc
+	wg                 sync.WaitGroup
+	failures, requests int
+}
+
+func sampleAPI(kc kubernetes.Interface) *apiSampler {
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &apiSampler{cancel: cancel}
+	a.wg.Go(func() {
+		for ctx.Err() == nil {
+			_, err := kc.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+			if ctx.Err() != nil {
+				return
+			}
+			a.requests++
+			if err != nil {
+				a.failures++
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	return a
+}
+
+func (a *apiSampler) stop() (failures, requests int) {
+	a.cancel()
+	a.wg.Wait()
+	return a.failures, a.requests
+}

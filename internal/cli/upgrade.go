@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/rackapi"
+	"cozy.dev/cozy/bootstrap/upgrade"
+	"cozy.dev/cozy/internal/output"
+)
+
+func newUpgradeCommand(g *Globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "upgrade",
+		Short: "Move the rack to the versions its rack file names, one node at a time",
+	}
+	cmd.AddCommand(newUpgradeTalosCommand(g))
+	return cmd
+}
+
+func newUpgradeTalosCommand(g *Globals) *cobra.Command {
+	var (
+		f    rackFlags
+		o    upgrade.Options
+		port int
+	)
+	cmd := &cobra.Command{
+		Use:   "talos",
+		Short: "Upgrade every node to the rack's talos.version, control planes first, one at a time",
+		Long: `Upgrade the rack's nodes to the Talos version its rack file names
+(talos.version; --version, if given, must be the same: the rack is what the
+rack runs and what new machines install), through Talos's Upgrade API with
+the rack's installer image:
+
+  1. every node is asked for its version first; a node that does not
+     answer, a downgrade, or a jump of more than one minor version refuses
+     the whole upgrade before anything changes;
+  2. control planes first, in rack order, then workers, one node at a time:
+     etcd must be healthy with every member before a node goes; then the
+     upgrade; then the wait (--timeout) for the node back on the new
+     version, its Node Ready (if Kubernetes has one), and etcd healthy
+     with every member again;
+  3. it stops at the first failure with the node and the reason.
+
+Run again, it goes on where it stopped: nodes on the new version are
+skipped, a node still upgrading or rebooting is waited for, not asked
+again. --dry-run prints the plan.`,
+		Example: "  cozyctl upgrade talos --rack rack.yaml --dry-run\n  cozyctl upgrade talos --rack rack.yaml --version v1.13.1",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := rack.Load(f.rackFile)
+			if err != nil {
+				return err
+			}
+			if o.Rack, err = rackapi.Open(r, defaultStateDir(f.stateDir, f.rackFile, r), port); err != nil {
+				return err
+			}
+			o.Log = g.Logger()
+			res, err := upgrade.Talos(cmd.Context(), o)
+			if len(res.Nodes) > 0 {
+				if perr := g.Print(upgradeTable(res)); perr != nil && err == nil {
+					err = perr
+				}
+			}
+			return err
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&o.Version, "version", "", "the version to upgrade to: must be the rack's talos.version (default: that)")
+	fl.BoolVar(&o.DryRun, "dry-run", false, "print the plan; change nothing")
+	fl.DurationVar(&o.Timeout, "timeout", 15*time.Minute, "bound on the wait for each node")
+	fl.IntVar(&port, "talos-port", 50000, "the Talos API port on the nodes")
+	_ = fl.MarkHidden("talos-port")
+	return cmd
+}
+
+type upgradeTable upgrade.Result
+
+func (t upgradeTable) Header() []string {
+	return []string{"NODE", "ROLE", "FROM", "TO", "RESULT", "TOOK"}
+}
+
+func (t upgradeTable) Rows() [][]string {
+	var rows [][]string
+	for _, s := range t.Nodes {
+		took := "-"
+		if s.Took > 0 {
+			took = s.Took.String()
+		}
+		rows = append(rows, []string{s.Node, s.Role, dash(s.From), s.To, s.Result, took})
+	}
+	return rows
+}
+
+var _ output.Tabular = upgradeTable{}
