@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,13 +15,18 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/mdlayher/packet"
 	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
 )
 
 // vipLeaseTTL is the etcd lease (seconds) behind a VIP: when its holder
-// dies, another control plane takes the VIP over within this time.
-const vipLeaseTTL = 10
+// dies, another control plane takes the VIP over within this time; when
+// it lets go (a reboot, a shutdown), within vipLook.
+const (
+	vipLeaseTTL = 10
+	vipLook     = 200 * time.Millisecond
+)
 
 // layer2VIP is the shared address of the config's Layer2VIPConfig, if any.
 func layer2VIP(mc coreconfig.Provider) (netip.Addr, bool) {
@@ -49,10 +55,17 @@ func (n *Node) runVIP(ctx context.Context, vip netip.Addr, hostname string) {
 			n.log.Debug("vip: election", "vip", vip, "err", err)
 		}
 		v.release()
+		// Another holder: look again soon, so that the VIP moves within a
+		// fraction of a second when its holder lets go (a look is one
+		// read); an error: back off.
+		wait := 2 * time.Second
+		if errors.Is(err, errNotLeader) {
+			wait = vipLook
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -76,11 +89,18 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 	if cp == nil {
 		return errNotLeader // no local etcd (yet)
 	}
+	key := base64.StdEncoding.EncodeToString([]byte(v.key))
+	var held struct{ Count string }
+	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/kv/range", map[string]any{"key": key, "count_only": true}, &held); err != nil {
+		return err
+	}
+	if held.Count != "" && held.Count != "0" {
+		return errNotLeader
+	}
 	var lease struct{ ID string }
 	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/grant", map[string]any{"TTL": vipLeaseTTL}, &lease); err != nil {
 		return err
 	}
-	key := base64.StdEncoding.EncodeToString([]byte(v.key))
 	var txn struct{ Succeeded bool }
 	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/kv/txn", map[string]any{
 		"compare": []any{map[string]any{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}},
@@ -128,10 +148,46 @@ func (v *vipHolder) acquire() error {
 		return fmt.Errorf("vip: ip addr add %s dev %s: %v: %s", v.vip, link, err, bytes.TrimSpace(out))
 	}
 	v.link = link
-	// Tell the link's neighbours at once, as Talos does; best effort.
-	_ = exec.Command("arping", "-U", "-c", "1", "-I", link, v.vip.String()).Run()
+	// Tell the link's neighbours at once, as Talos does: until they
+	// hear, they send to the MAC of the previous holder, for as long as
+	// their ARP entry lives (tens of seconds).
+	if err := gratuitousARP(link, v.vip); err != nil {
+		v.node.log.Warn("vip: gratuitous ARP", "vip", v.vip, "link", link, "err", err)
+	}
 	v.node.log.Info("vip: this node holds the shared address", "vip", v.vip, "link", link)
 	return nil
+}
+
+// gratuitousARP broadcasts an ARP request for ip from ip on the link
+// (RFC 5227's announcement): every neighbour updates its entry for ip to
+// this link's MAC.
+func gratuitousARP(link string, ip netip.Addr) error {
+	ifi, err := net.InterfaceByName(link)
+	if err != nil {
+		return err
+	}
+	const etherTypeARP = 0x0806
+	conn, err := packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	broadcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	frame := make([]byte, 0, 42)
+	frame = append(frame, broadcast...)
+	frame = append(frame, ifi.HardwareAddr...)
+	frame = binary.BigEndian.AppendUint16(frame, etherTypeARP)
+	frame = binary.BigEndian.AppendUint16(frame, 1)      // hardware: Ethernet
+	frame = binary.BigEndian.AppendUint16(frame, 0x0800) // protocol: IPv4
+	frame = append(frame, 6, 4)
+	frame = binary.BigEndian.AppendUint16(frame, 1) // request
+	addr := ip.As4()
+	frame = append(frame, ifi.HardwareAddr...)
+	frame = append(frame, addr[:]...)
+	frame = append(frame, 0, 0, 0, 0, 0, 0)
+	frame = append(frame, addr[:]...)
+	_, err = conn.WriteTo(frame, &packet.Addr{HardwareAddr: broadcast})
+	return err
 }
 
 func (v *vipHolder) release() {
