@@ -244,9 +244,6 @@ func getOK(ctx context.Context, hc *http.Client, url string) error {
 	return nil
 }
 
-// errors are the first failures, after stop.
-func (a *apiSampler) errors() []string { return a.errs }
-
 func (a *apiSampler) stop() (failures, requests int) {
 	a.cancel()
 	a.wg.Wait()

@@ -240,6 +240,10 @@ func request(ctx context.Context, r *rackapi.Rack, name, image string) error {
 		return err
 	}
 	defer c.Close()
+	// Talos's MachineService.Upgrade: deprecated since Talos 1.13 for
+	// LifecycleService (install, then a Reboot), removed in 1.18; the
+	// emulated node serves this one. Moving over is still to do.
+	//lint:ignore SA1019 the emulated node and Talos up to 1.17 serve it
 	if _, err := c.Upgrade(ctx, image, false, false); err != nil {
 		return fmt.Errorf("upgrade to %s: %w", image, err)
 	}

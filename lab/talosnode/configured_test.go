@@ -443,13 +443,15 @@ func TestWorker(t *testing.T) {
 		t.Fatalf("installed version %s, want the rack's installer's %s", got, version.Tag)
 	}
 	const installer = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
+	//lint:ignore SA1019 the emulated node serves MachineService.Upgrade (see upgrade.go)
 	if _, err := c.Upgrade(ctx, installer+":latest", false, false); err == nil || !strings.Contains(err.Error(), `error validating installer image`) {
 		t.Errorf("Upgrade to :latest: %v, want refused", err)
 	}
+	//lint:ignore SA1019 as above
 	if _, err := c.Upgrade(ctx, installer+":v1.13.1", true, false); codeOf(err) != "Unimplemented" {
 		t.Errorf("a staged Upgrade: %v, want Unimplemented", err)
 	}
-	up, err := c.Upgrade(ctx, installer+":v1.13.1", false, false)
+	up, err := c.Upgrade(ctx, installer+":v1.13.1", false, false) //lint:ignore SA1019 as above
 	if err != nil || up.GetMessages()[0].GetAck() != "Upgrade request received" {
 		t.Fatalf("Upgrade: %v %v", up, err)
 	}
