@@ -244,6 +244,40 @@ func (r *rackRig) start(n *emuNode) {
 	})
 }
 
+// rigVIP is the control planes' shared address in haRack's racks.
+const rigVIP = rigSubnet + ".9"
+
+// haRack is a rack of control planes behind a VIP (rigVIP) and workers,
+// netbooted and bootstrapped by `cozyctl bootstrap`, for the day-2 tests;
+// and a client config of its cluster through the VIP.
+func haRack(ctx context.Context, t *testing.T, controlPlanes, workers int) (*rackRig, *rest.Config) {
+	t.Helper()
+	r := newRackRig(t, controlPlanes, workers, "cluster: {vip: "+rigVIP+"}\n")
+	p := r.bootstrap()
+	t.Cleanup(func() { r.failLogs(p) })
+	r.boot(ctx)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, rc
+}
+
+// cozyctl runs `cozyctl ARGS --rack R --state-dir S -o json` in the
+// rig's namespace.
+func (r *rackRig) cozyctl(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	cmd := r.ns.Command(ctx, cozyctl.Path(r.t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
 func (r *rackRig) failLogs(p *run) {
 	if r.t.Failed() {
 		r.t.Logf("bootstrap stderr:\n%s", tail(p.stderr.String(), 60))

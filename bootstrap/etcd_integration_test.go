@@ -18,9 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/etcdbackup"
-	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 // TestEtcdSnapshotRestore backs up the etcd of three control planes with
@@ -32,22 +30,9 @@ import (
 // it again, and the cluster holds what was written before the snapshot
 // and not what was written after.
 func TestEtcdSnapshotRestore(t *testing.T) {
-	const vip = rigSubnet + ".9"
-	r := newRackRig(t, 3, 0, "cluster: {vip: "+vip+"}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	p := r.bootstrap()
-	defer r.failLogs(p)
-	r.boot(ctx)
-	for range p.events {
-	}
-	if err := <-p.done; err != nil {
-		t.Fatalf("bootstrap: %v", err)
-	}
-	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, rc := haRack(ctx, t, 3, 0)
 	kc := kubernetes.NewForConfigOrDie(rc)
 	put := func(name string) {
 		t.Helper()
@@ -71,13 +56,7 @@ func TestEtcdSnapshotRestore(t *testing.T) {
 		t.Fatalf("get ConfigMap %s: %v", name, err)
 		return false
 	}
-	cozy := func(args ...string) (string, string, error) {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		return stdout.String(), stderr.String(), err
-	}
+	cozy := func(args ...string) (string, string, error) { return r.cozyctl(ctx, args...) }
 
 	put("before")
 	snap := filepath.Join(r.dir, "etcd.db")

@@ -30,7 +30,6 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/leave"
-	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 // TestNodeRemove takes a worker and then a control plane out of a rack of
@@ -42,30 +41,11 @@ import (
 // name not in the rack is refused; a second run of a removal finds
 // nothing left to do.
 func TestNodeRemove(t *testing.T) {
-	const vip = rigSubnet + ".9"
-	r := newRackRig(t, 3, 1, "cluster: {vip: "+vip+"}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	p := r.bootstrap()
-	defer r.failLogs(p)
-	r.boot(ctx)
-	for range p.events {
-	}
-	if err := <-p.done; err != nil {
-		t.Fatalf("bootstrap: %v", err)
-	}
-	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, rc := haRack(ctx, t, 3, 1)
 	kc := kubernetes.NewForConfigOrDie(rc)
-	cozy := func(args ...string) (string, string, error) {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		return stdout.String(), stderr.String(), err
-	}
+	cozy := func(args ...string) (string, string, error) { return r.cozyctl(ctx, args...) }
 	remove := func(args ...string) bootstrap.Removed {
 		t.Helper()
 		out, stderr, err := cozy(append([]string{"node", "remove"}, args...)...)

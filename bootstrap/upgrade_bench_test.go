@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/siderolabs/talos/pkg/machinery/gendata"
 
-	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/verdict"
 )
@@ -35,28 +33,15 @@ func TestBenchTalosUpgrade(t *testing.T) {
 		errs               []string
 	}
 	measure := func(workers int) result {
-		const vip = rigSubnet + ".9"
-		r := newRackRig(t, 3, workers, "cluster: {vip: "+vip+"}\n")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		p := r.bootstrap()
-		defer r.failLogs(p)
-		r.boot(ctx)
-		for range p.events {
-		}
-		if err := <-p.done; err != nil {
-			t.Fatalf("bootstrap: %v", err)
-		}
+		r, rc := haRack(ctx, t, 3, workers)
 		rackYAML, err := os.ReadFile(r.rackFile)
 		if err != nil {
 			t.Fatal(err)
 		}
 		to := nextPatch(t, strings.TrimSpace(gendata.VersionTag))
 		if err := os.WriteFile(r.rackFile, append(slices.Clone(rackYAML), []byte("talos: {version: "+to+"}\n")...), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
-		if err != nil {
 			t.Fatal(err)
 		}
 		api := sampleAPI(t, rc)

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/gendata"
 	"k8s.io/client-go/rest"
 
-	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/upgrade"
 	"cozy.dev/cozy/internal/testing/cozyctl"
 )
@@ -38,18 +36,9 @@ import (
 // minors: TestCheckStep; the rack file already refuses a Talos version
 // its Kubernetes version does not run on).
 func TestTalosUpgrade(t *testing.T) {
-	const vip = rigSubnet + ".9"
-	r := newRackRig(t, 3, 1, "cluster: {vip: "+vip+"}\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	p := r.bootstrap()
-	defer r.failLogs(p)
-	r.boot(ctx)
-	for range p.events {
-	}
-	if err := <-p.done; err != nil {
-		t.Fatalf("bootstrap: %v", err)
-	}
+	r, rc := haRack(ctx, t, 3, 1)
 	from := strings.TrimSpace(gendata.VersionTag)
 	to := nextPatch(t, from)
 	rackYAML, err := os.ReadFile(r.rackFile)
@@ -62,13 +51,7 @@ func TestTalosUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cozy := func(args ...string) (string, string, error) {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json")...)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		return stdout.String(), stderr.String(), err
-	}
+	cozy := func(args ...string) (string, string, error) { return r.cozyctl(ctx, args...) }
 
 	// Refused before anything changes.
 	if _, stderr, err := cozy("upgrade", "talos", "--version", to); err == nil || !strings.Contains(stderr, "the rack file says talos.version "+from) {
@@ -88,10 +71,6 @@ func TestTalosUpgrade(t *testing.T) {
 		t.Errorf("plan %+v, want cp1..cp3 then w1, from %s, to upgrade", plan, from)
 	}
 
-	rc, err := r.ns.RESTConfig(filepath.Join(r.stateDir, bootstrap.KubeconfigFile))
-	if err != nil {
-		t.Fatal(err)
-	}
 	api := sampleAPI(t, rc)
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
