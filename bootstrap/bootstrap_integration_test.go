@@ -138,9 +138,16 @@ type run struct {
 // bootstrap starts `cozyctl bootstrap -o json` in the namespace.
 func (r *rackRig) bootstrap(extra ...string) *run {
 	r.t.Helper()
-	args := append([]string{"bootstrap", "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json",
+	return r.bringUp([]string{"bootstrap"}, extra...)
+}
+
+// bringUp starts `cozyctl COMMAND -o json` with the bootstrap's flags in
+// the namespace: bootstrap, or node add.
+func (r *rackRig) bringUp(command []string, extra ...string) *run {
+	r.t.Helper()
+	args := append(append(command, "--rack", r.rackFile, "--state-dir", r.stateDir, "-o", "json",
 		"--kernel", filepath.Join(r.dir, "vmlinuz"), "--initrd", filepath.Join(r.dir, "initrd"),
-		"--timeout", "90s", "--log-level", "debug"}, extra...)
+		"--timeout", "90s", "--log-level", "debug"), extra...)
 	p := &run{cmd: r.ns.Command(context.Background(), cozyctl.Path(r.t), args...), stderr: &syncbuf.Buffer{}, events: make(chan bootstrap.Event, 256), done: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
@@ -170,12 +177,18 @@ func (r *rackRig) bootstrap(extra ...string) *run {
 // emulated Talos node started on it in maintenance mode.
 func (r *rackRig) boot(ctx context.Context) {
 	r.t.Helper()
+	r.bootSome(ctx, r.nodes...)
+}
+
+// bootSome netboots the machines named, as boot does all.
+func (r *rackRig) bootSome(ctx context.Context, nodes ...*emuNode) {
+	r.t.Helper()
 	var wg sync.WaitGroup
-	for _, n := range r.nodes {
+	for _, n := range nodes {
 		wg.Go(func() { r.dhcp(ctx, n) })
 	}
 	wg.Wait()
-	for _, n := range r.nodes {
+	for _, n := range nodes {
 		n.ns.IP(r.t, "addr", "add", n.ip+"/24", "dev", n.iface)
 		r.start(n)
 	}

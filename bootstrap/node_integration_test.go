@@ -3,10 +3,12 @@
 package bootstrap_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,16 +32,19 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/leave"
+	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 // TestNodeRemove takes a worker and then a control plane out of a rack of
 // three control planes and a worker with `cozyctl node remove`, while
-// etcd is sampled every 100 ms: the worker's Node
-// is cordoned, drained (its pod evicted) and deleted, the machine wiped
-// and powered off; cp3 leaves etcd, which keeps a quorum throughout; the
-// second control plane is refused with the numbers, changing nothing; a
-// name not in the rack is refused; a second run of a removal finds
-// nothing left to do.
+// etcd is sampled every 100 ms: the worker's Node is cordoned, drained
+// (its pod evicted) and deleted, the machine wiped and powered off; the
+// removal of cp3 is killed at ten random moments and run again to the
+// end: cp3 leaves etcd once and is reset once, and etcd keeps a quorum
+// throughout; the second control plane is refused with the numbers,
+// changing nothing; a name not in the rack is refused; a second run of a
+// removal finds nothing left to do.
 func TestNodeRemove(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -103,20 +108,43 @@ func TestNodeRemove(t *testing.T) {
 		t.Errorf("the pod on w1 was not evicted")
 	}
 
-	// cp3 leaves while etcd is sampled through cp1.
+	// cp3 leaves while etcd is sampled: `node remove cp3` is killed at
+	// ten random moments, then run to the end.
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
-	res = remove("cp3")
-	samples := s.stop()
-	if res.EtcdLeft != "left" || res.Reset != "wiped (system), powered off" || !slices.Equal(res.Members, []string{"cp1", "cp2", "cp3"}) {
-		t.Errorf("remove cp3: %+v, want it left etcd of cp1..cp3, wiped and off", res)
+	start := time.Now()
+	for i := range 10 {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), "node", "remove", "cp3", "--rack", r.rackFile, "--state-dir", r.stateDir)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		after := time.Duration(200+rand.IntN(2800)) * time.Millisecond
+		time.Sleep(after)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Logf("run %d killed after %v", i+1, after)
 	}
-	waitExit(t, r.nodes[2], "cp3")
-	t.Logf("remove cp3 took %v; etcd sampled every 100 ms: %s", res.Took, samples)
+	res = remove("cp3")
+	took := time.Since(start)
+	samples := s.stop()
+	if !res.Already && res.Reset == "" {
+		t.Errorf("remove cp3, the last run: %+v, want it removed", res)
+	}
+	cp3 := r.nodes[2]
+	waitExit(t, cp3, "cp3")
+	t.Logf("remove cp3, killed 10 times, then to the end: %v; etcd sampled every 100 ms: %s", took.Round(100*time.Millisecond), samples)
 	if samples.failed > 0 || samples.belowQuorum > 0 || samples.n < 10 {
 		t.Errorf("etcd through the removal: %s; want a quorum of members answering in every sample", samples)
 	}
-	if got := samples.last; !slices.Equal(got, []string{"cp1", "cp2"}) {
+	if got := etcdMembersThrough(t, r, r.nodes[0]); !slices.Equal(got, []string{"cp1", "cp2"}) {
 		t.Errorf("members after the removal %v, want cp1 and cp2", got)
+	}
+	for what, line := range map[string]string{"left etcd": "left etcd: member removed", "was reset": "power transition requested"} {
+		if n := strings.Count(cp3.log.String(), line); n != 1 {
+			t.Errorf("cp3 %s %d times, want once", what, n)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cp3.dir, "config.yaml")); !os.IsNotExist(err) {
+		t.Errorf("cp3's config is still on its disk after the remove (stat: %v)", err)
 	}
 
 	// The second of three: refused before anything changes.
@@ -330,4 +358,83 @@ func (sm *etcdSampler) stop() etcdSamples {
 	sm.cancel()
 	sm.wg.Wait()
 	return sm.s
+}
+
+// TestNodeAdd grows a bootstrapped rack of a control plane and a worker
+// by a second worker with `cozyctl node add`: refused before the cluster
+// exists and while the rack has nothing new; then the new machine
+// netboots, is installed and joins, and the others are not touched (no
+// config applied to them again, etcd not bootstrapped again).
+func TestNodeAdd(t *testing.T) {
+	r := newRackRig(t, 1, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	full, err := os.ReadFile(r.rackFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2 := r.nodes[2]
+	cut := bytes.Index(full, []byte("  - hostname: w2"))
+	if cut < 0 {
+		t.Fatalf("no w2 in the rig's rack:\n%s", full)
+	}
+	if err := os.WriteFile(r.rackFile, full[:cut], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := r.cozyctl(ctx, "node", "add"); err == nil || !strings.Contains(stderr, "holds no bootstrapped cluster: cozyctl bootstrap builds it") {
+		t.Errorf("node add before a bootstrap: %v\n%s", err, stderr)
+	}
+
+	p := r.bootstrap()
+	defer r.failLogs(p)
+	r.bootSome(ctx, r.nodes[:2]...)
+	for range p.events {
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	if _, stderr, err := r.cozyctl(ctx, "node", "add"); err == nil || !strings.Contains(stderr, bootstrap.ErrNothingToAdd.Error()) {
+		t.Errorf("node add with nothing new: %v\n%s", err, stderr)
+	}
+
+	if err := os.WriteFile(r.rackFile, full, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applied := func(n *emuNode) int { return strings.Count(n.log.String(), "machine config applied") }
+	before := map[string]int{"cp1": applied(r.nodes[0]), "w1": applied(r.nodes[1])}
+	add := r.bringUp([]string{"node", "add"})
+	defer r.failLogs(add)
+	r.bootSome(ctx, w2)
+	phases := map[string][]state.Phase{}
+	for e := range add.events {
+		if e.Node != "" {
+			if l := phases[e.Node]; len(l) == 0 || l[len(l)-1] != e.Phase {
+				phases[e.Node] = append(l, e.Phase)
+			}
+		}
+	}
+	if err := <-add.done; err != nil {
+		t.Fatalf("node add: %v\n%s", err, tail(add.stderr.String(), 30))
+	}
+	if got := phaseList(phases["w2"]); got != "pending discovered applied configured ready" {
+		t.Errorf("w2 went through %q, want it installed", got)
+	}
+	for i, host := range []string{"cp1", "w1"} {
+		if got := phaseList(phases[host]); got != "ready" {
+			t.Errorf("%s went through %q, want it left alone", host, got)
+		}
+		if n := applied(r.nodes[i]); n != before[host] {
+			t.Errorf("%s took a config %d times during the add, want none", host, n-before[host])
+		}
+	}
+	if n := strings.Count(r.nodes[0].log.String(), bootstrapLogLine); n != 1 {
+		t.Errorf("etcd bootstrapped %d times on cp1, want once", n)
+	}
+	st, err := state.Read(r.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ph := st.Nodes["w2"].Phase; ph != state.Ready {
+		t.Errorf("w2 is %s in the state dir, want ready", ph)
+	}
 }

@@ -25,12 +25,6 @@ import (
 )
 
 func newBootstrapCommand(g *Globals) *cobra.Command {
-	var (
-		rackFile                      string
-		dryRun, noNetboot, noPlatform bool
-		opts                          bootstrap.UpOptions
-		platformOpts                  platform.InstallOptions
-	)
 	cmd := &cobra.Command{
 		Use:   "bootstrap",
 		Short: "Install Talos on every machine of a rack and bootstrap the cluster",
@@ -56,35 +50,53 @@ prints what each machine would get and changes nothing.`,
   # another host runs 'cozyctl pxe serve --rack rack.yaml --state-dir /var/lib/cozy/pxe':
   cozyctl bootstrap --rack rack.yaml --no-netboot --inventory /var/lib/cozy/pxe`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := rack.Load(rackFile)
+	}
+	bringUp(g, cmd, nil)
+	return cmd
+}
+
+// bringUp gives cmd the bootstrap's flags and its run: `cozyctl
+// bootstrap`, and `cozyctl node add`, whose check comes first.
+func bringUp(g *Globals, cmd *cobra.Command, check func(r *rack.Rack, stateDir string) error) {
+	var (
+		rackFile                      string
+		dryRun, noNetboot, noPlatform bool
+		opts                          bootstrap.UpOptions
+		platformOpts                  platform.InstallOptions
+	)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		r, err := rack.Load(rackFile)
+		if err != nil {
+			return err
+		}
+		opts.StateDir = defaultStateDir(opts.StateDir, rackFile, r)
+		if check != nil {
+			if err := check(r, opts.StateDir); err != nil {
+				return err
+			}
+		}
+		if dryRun {
+			plan, err := bootstrap.DryRun(r, opts.StateDir)
 			if err != nil {
 				return err
 			}
-			opts.StateDir = defaultStateDir(opts.StateDir, rackFile, r)
-			if dryRun {
-				plan, err := bootstrap.DryRun(r, opts.StateDir)
-				if err != nil {
-					return err
-				}
-				return g.Print(plan)
-			}
-			switch {
-			case noNetboot && opts.InventoryDir == "":
-				return errors.New("--no-netboot needs --inventory: the state dir of the netboot server that boots the rack")
-			case !noNetboot:
-				opts.InventoryDir = "" // only --no-netboot reads another server's
-			}
-			if !noPlatform {
-				opts.Platform = &platformOpts // logs to opts.Log
-			}
-			opts.Rack, opts.Log = r, g.Logger()
-			opts.Events = newProgress(g).event
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			res, err := bootstrap.Up(ctx, opts)
-			return reportUp(g, res, err, r.Metadata.Name, rackFile, opts.StateDir)
-		},
+			return g.Print(plan)
+		}
+		switch {
+		case noNetboot && opts.InventoryDir == "":
+			return errors.New("--no-netboot needs --inventory: the state dir of the netboot server that boots the rack")
+		case !noNetboot:
+			opts.InventoryDir = "" // only --no-netboot reads another server's
+		}
+		if !noPlatform {
+			opts.Platform = &platformOpts // logs to opts.Log
+		}
+		opts.Rack, opts.Log = r, g.Logger()
+		opts.Events = newProgress(g).event
+		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		res, err := bootstrap.Up(ctx, opts)
+		return reportUp(g, res, err, r.Metadata.Name, rackFile, opts.StateDir)
 	}
 	f := cmd.Flags()
 	f.StringVar(&rackFile, "rack", "", "the rack file (required)")
@@ -110,7 +122,6 @@ prints what each machine would get and changes nothing.`,
 	f.DurationVar(&platformOpts.Wait, "platform-wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder")
 	_ = cmd.MarkFlagRequired("rack")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
-	return cmd
 }
 
 // reportUp prints how a bring-up ended, and what to run next.

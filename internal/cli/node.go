@@ -15,13 +15,43 @@ import (
 func newNodeCommand(g *Globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Take nodes out of the running cluster: for good, or for reuse",
-		Long: `Day-2 work on one node of a bootstrapped rack, through the Talos API
+		Short: "Add nodes to the running cluster, take them out for good, or reset them for reuse",
+		Long: `Day-2 work on the nodes of a bootstrapped rack, through the Talos API
 and the Kubernetes API with the bootstrap's state dir (its talosconfig,
 kubeconfig and the addresses it recorded). A control plane is taken out
 only while etcd keeps its quorum without it.`,
 	}
-	cmd.AddCommand(newNodeRemoveCommand(g), newReprovisionCommand(g, "reset"))
+	cmd.AddCommand(newNodeAddCommand(g), newNodeRemoveCommand(g), newReprovisionCommand(g, "reset"))
+	return cmd
+}
+
+func newNodeAddCommand(g *Globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "add",
+		Short: "Install and join the rack's machines that are not in its cluster yet",
+		Long: `Take the machines of the rack file that are not in its cluster yet (new
+in the rack file, removed before, or cut short in an earlier run) through
+the bootstrap's path: the netboot server, each machine found as it
+netboots, its install disk checked, its config applied, back installed; a
+control plane joins etcd by itself, and the command waits until it is a
+voting member. The machines already in the cluster are not touched (the
+bootstrap skips what its state dir has as done), and etcd is never
+bootstrapped again.
+
+It takes the flags of cozyctl bootstrap and refuses before anything runs
+when the state dir holds no bootstrapped cluster, or when every machine of
+the rack is in it already.`,
+		Example: "  cozyctl node add --rack rack.yaml --kernel vmlinuz --initrd initramfs.xz",
+		Args:    cobra.NoArgs,
+	}
+	bringUp(g, cmd, func(r *rack.Rack, stateDir string) error {
+		names, err := bootstrap.NewMachines(r, stateDir)
+		if err != nil {
+			return err
+		}
+		g.Logger().Info("adding to the cluster", "machines", strings.Join(names, ","))
+		return nil
+	})
 	return cmd
 }
 
