@@ -159,6 +159,18 @@ func TestNodeRemove(t *testing.T) {
 	if got := etcdMembersThrough(t, r, r.nodes[1]); !slices.Equal(got, []string{"cp1", "cp2"}) {
 		t.Errorf("members after the refusal %v, want cp1 and cp2", got)
 	}
+	// Refusals record nothing: cp2 is ready in the state dir as before,
+	// and the name not in the rack has no entry.
+	st, err := state.Read(r.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Nodes["cp2"]; n == nil || n.Phase != state.Ready {
+		t.Errorf("cp2 in the state dir after the refusal: %+v, want ready", n)
+	}
+	if n, ok := st.Nodes["w9"]; ok {
+		t.Errorf("the state dir has an entry for w9, a name not in the rack: %+v", n)
+	}
 
 	again := remove("cp3")
 	if !again.Already {

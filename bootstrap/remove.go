@@ -73,27 +73,37 @@ func Remove(ctx context.Context, o RemoveOptions) (Removed, error) {
 	name := o.Machine
 	res := Removed{DryRun: o.DryRun}
 	res.Node = name
-	phase := st.Node(name).Phase
-	if phase == state.Removed {
-		// Only the Node may be left, if a run stopped right before.
-		res.Already = true
-		res.NodeDeleted, err = leave.DeleteNode(ctx, lo, name)
+	if _, err := lo.Rack.Machine(name); err != nil {
 		return res, err
 	}
-	if phase == state.Resetting && talosGone(ctx, lo, name) {
-		lo.Log.Info("asked to reset before and no longer answering: taken as reset", "node", name)
+	phase := st.Node(name).Phase
+	switch {
+	case phase == state.Removed:
+		// Only the Node may be left, if a run stopped right before.
+		res.Already = true
+		if !o.DryRun {
+			res.NodeDeleted, err = leave.DeleteNode(ctx, lo, name)
+		}
+		return res, err
+	case phase == state.Resetting && talosGone(ctx, lo, name):
 		res.Reset = "asked before; no longer answers"
+		if o.DryRun {
+			return res, nil
+		}
+		lo.Log.Info("asked to reset before and no longer answering: taken as reset", "node", name)
 		return finishRemove(ctx, st, lo, res, start)
 	}
-	if o.DryRun {
-		p, err := leave.Check(ctx, lo, name)
-		res.Left = leave.Left{Plan: p}
+	// Every check before the state dir records anything: a refused
+	// removal leaves the node as it was, in the cluster and in the state.
+	plan, err := leave.Check(ctx, lo, name)
+	res.Left = leave.Left{Plan: plan}
+	if err != nil || o.DryRun {
 		return res, err
 	}
 	if err := setPhase(st, name, state.Leaving); err != nil {
 		return res, err
 	}
-	res.Left, err = leave.Cluster(ctx, lo, name)
+	res.Left, err = leave.Out(ctx, lo, plan)
 	if err != nil {
 		return res, err
 	}

@@ -112,15 +112,22 @@ func Check(ctx context.Context, o Options, name string) (Plan, error) {
 	return p, nil
 }
 
-// Cluster takes name out of the cluster: Check, cordon and drain its
-// Node, and take it out of etcd.
+// Cluster takes name out of the cluster: Check, then Out.
 func Cluster(ctx context.Context, o Options, name string) (Left, error) {
-	o = o.withDefaults()
 	p, err := Check(ctx, o, name)
-	left := Left{Plan: p}
 	if err != nil {
-		return left, err
+		return Left{Plan: p}, err
 	}
+	return Out(ctx, o, p)
+}
+
+// Out carries out a plan Check made: cordon and drain the Node, and take
+// the node out of etcd.
+func Out(ctx context.Context, o Options, p Plan) (Left, error) {
+	o = o.withDefaults()
+	left := Left{Plan: p}
+	var err error
+	name := p.Node
 	if p.HasNode {
 		if left.Cordoned, left.Evicted, err = drain(ctx, o, name); err != nil {
 			return left, err
