@@ -183,8 +183,14 @@ func nextMinor(v string) string {
 // Upgrade (unless the node is upgrading already), the node back on the
 // version, its Node Ready, and etcd healthy with every member again.
 func upgradeNode(ctx context.Context, o Options, name, image, target string) (string, error) {
-	before, err := etcdWhole(ctx, o.Rack)
-	if err != nil {
+	// Waited for, not just checked: after a run cut short, the node
+	// before may still be rejoining.
+	var before []string
+	if err := wait.For(ctx, o.Timeout, "etcd healthy with every member", func() error {
+		var err error
+		before, err = etcdWhole(ctx, o.Rack)
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("before its upgrade: %w", err)
 	}
 	how := "upgraded"

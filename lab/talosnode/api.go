@@ -390,7 +390,8 @@ func actorID() string {
 // Talos's service states: apid always, and on a control plane trustd
 // and etcd, which is Running once bootstrapped or joined, Preparing
 // while it waits for either (the state Talos's disaster recovery starts
-// from), and Finished once it left the cluster. The node's kubelet and containerd are not listed.
+// from), and Finished once it left the cluster. The node's kubelet and
+// containerd are not listed.
 func (s *configuredServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
 	n := s.node
 	running := func(id string) *machine.ServiceInfo {
