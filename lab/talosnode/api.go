@@ -366,6 +366,20 @@ func (n *Node) applyNow(ctx context.Context, mc config.Provider) {
 	if err := put(ctx, st, hs); err != nil {
 		n.log.Warn("update hostname status", "err", err)
 	}
+	if err := put(ctx, st, machineConfigResource(mc)); err != nil {
+		n.log.Warn("update the machine config resource", "err", err)
+	}
+	n.mu.Lock()
+	cp := n.cp
+	n.mu.Unlock()
+	if cp != nil {
+		if err := cp.reconfigure(n.cfg, mc); err != nil {
+			n.log.Error("the control plane cannot run the applied config", "err", err)
+		}
+	}
+	if err := n.reconfigureKubelet(mc, hostname); err != nil {
+		n.log.Error("the kubelet cannot run the applied config", "err", err)
+	}
 }
 
 func (n *Node) runningConfig() config.Provider {

@@ -107,7 +107,7 @@ func controllerManager(c Config, mc config.Config, pki controlPlaneFiles) (compo
 	}
 	return component{
 		name: "kube-controller-manager",
-		bin:  c.Bin.ControllerManager,
+		bin:  c.kubeBinary("kube-controller-manager", cl.ControllerManager().Image()),
 		args: append([]string{"--use-service-account-credentials"}, flagList(args)...),
 		files: map[string][]byte{
 			p("ca.crt"): ca.Crt, p("ca.key"): ca.Key,
@@ -147,7 +147,7 @@ func scheduler(c Config, mc config.Config, pki controlPlaneFiles) (component, er
 	}
 	return component{
 		name:  "kube-scheduler",
-		bin:   c.Bin.Scheduler,
+		bin:   c.kubeBinary("kube-scheduler", cl.Scheduler().Image()),
 		args:  flagList(args),
 		files: map[string][]byte{p("kubeconfig"): kc, p("scheduler-config.yaml"): conf},
 	}, nil

@@ -56,6 +56,12 @@ type Config struct {
 	Disks []Disk
 	// Bin are the programs the node runs.
 	Bin Binaries
+	// KubernetesAssets are directories of other Kubernetes versions'
+	// binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
+	// kubelet; hack/envtest-assets.sh VERSION builds one): a component
+	// runs the binary of the version its image in the machine config
+	// names (kubeversions.go).
+	KubernetesAssets []string
 	// Platform is PlatformMetal (the node is its machine's whole
 	// userland: a lab VM) or PlatformContainer (one of several nodes on
 	// one host, each in network and mount namespaces of its own, as
@@ -321,6 +327,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	} {
 		fs.StringVar(b.p, b.name, "", b.what+" binary (default: from PATH)")
 	}
+	fs.Func("kubernetes-assets", "directory of another Kubernetes version's kube-apiserver, kube-controller-manager, kube-scheduler and kubelet; repeatable. Each component runs the binary of the version its image in the machine config names", func(s string) error {
+		c.KubernetesAssets = append(c.KubernetesAssets, s)
+		return nil
+	})
 	fs.StringVar(&c.Bin.CNIDir, "cni-bin-dir", "", "directory of the CNI plugins (default "+defaultCNIBinDir+")")
 	fs.Var(&c.Platform, "platform", fmt.Sprintf("%s (the node is its machine's userland) or %s (one of several nodes on a host, each in a network namespace of its own; the node makes its own mount namespace)", PlatformMetal, PlatformContainer))
 	fs.BoolVar(&c.NodeServices, "node-services", false, "run containerd and kubelet, and on control planes the controller-manager, scheduler and bootstrap manifests, as Talos does (off: the Talos API, etcd and kube-apiserver only)")

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/crypto/x509"
@@ -22,6 +23,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/version"
@@ -180,6 +182,27 @@ func TestInstallAndConfiguredMode(t *testing.T) {
 		none := withRole(t, cl, tc, "")
 		if _, err := configClient(t, none, n.endpoint()).Version(ctx); codeOf(err) != "PermissionDenied" {
 			t.Errorf("Version without a role: %v, want PermissionDenied", err)
+		}
+		// The running config, with the cluster's keys: os:admin only, as
+		// Talos's sensitive resources.
+		md := resource.NewMetadata(configres.NamespaceName, configres.MachineConfigType, configres.ActiveID, resource.VersionUndefined)
+		if _, err := c.COSI.Get(ctx, md); codeOf(err) != "PermissionDenied" {
+			t.Errorf("MachineConfig as os:reader: %v, want PermissionDenied", err)
+		}
+		res, err := configClient(t, tc, n.endpoint()).COSI.Get(ctx, md)
+		if mc, ok := res.(*configres.MachineConfig); err != nil || !ok || mc.Config().Cluster().Name() != "lab" {
+			t.Errorf("MachineConfig as os:admin: %T, %v; want the config of cluster lab", res, err)
+		}
+		// Pre-pulling a Kubernetes image is having a binary of its
+		// version; other images the emulation does not pull.
+		admin := configClient(t, tc, n.endpoint())
+		//lint:ignore SA1019 the call talosctl upgrade-k8s makes
+		if err := admin.ImagePull(ctx, common.ContainerdNamespace_NS_CRI, "registry.k8s.io/kube-apiserver:v0.0.1"); codeOf(err) != "NotFound" || !strings.Contains(err.Error(), "has no kube-apiserver of that version") {
+			t.Errorf("ImagePull of a version the node has no binary of: %v, want NotFound", err)
+		}
+		//lint:ignore SA1019 the call talosctl upgrade-k8s makes
+		if err := admin.ImagePull(ctx, common.ContainerdNamespace_NS_CRI, "docker.io/library/alpine:3"); codeOf(err) != "Unimplemented" {
+			t.Errorf("ImagePull of another image: %v, want Unimplemented", err)
 		}
 	})
 

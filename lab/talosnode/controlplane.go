@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,18 @@ type controlPlane struct {
 	// halt stops kube-apiserver, then etcd; wg waits for etcd's end.
 	halt func()
 	wg   sync.WaitGroup
+
+	// programs are kube-apiserver and, with the node services, the
+	// controller-manager and the scheduler, by name: a config applied
+	// without a reboot changes them (reconfigure).
+	programs map[string]*program
+	// images are the images the running config names for them.
+	imagesMu sync.Mutex
+	images   map[string]string
+	// apiRestarts is signalled before kube-apiserver restarts with a new
+	// config: the VIP's holder lets it go, as Talos's does when its
+	// kube-apiserver static pod goes away.
+	apiRestarts chan struct{}
 }
 
 // controlPlaneFiles are the paths of what etcd and kube-apiserver run with.
@@ -86,6 +99,11 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 		stopEtcd()
 		return nil, err
 	}
+	cp.programs = map[string]*program{
+		"kube-apiserver": newProgram(c.kubeBinary("kube-apiserver", mc.Cluster().APIServer().Image()), apiArgs),
+	}
+	cp.images = controlPlaneImages(mc)
+	cp.apiRestarts = make(chan struct{}, 1)
 	var api sync.WaitGroup
 	cp.wg.Add(1)
 	go func() {
@@ -96,7 +114,7 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 	go func() {
 		defer api.Done()
 		if cp.waitEtcd(apiCtx) == nil {
-			supervise(apiCtx, cp.log, spawn, "kube-apiserver", c.Bin.APIServer, apiArgs, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
+			superviseProgram(apiCtx, cp.log, spawn, "kube-apiserver", cp.programs["kube-apiserver"], nil, filepath.Join(c.StateDir, LogDir, "kube-apiserver.log"))
 		}
 	}()
 	if c.NodeServices {
@@ -107,6 +125,9 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 			stopEtcd()
 			cp.wg.Wait()
 			return nil, err
+		}
+		for _, comp := range comps {
+			cp.programs[comp.name] = newProgram(comp.bin, comp.args)
 		}
 		// They start once the local API server is ready, as static pods
 		// would start serving: until then they only fail, and under
@@ -120,7 +141,7 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 			var wg sync.WaitGroup
 			for _, comp := range comps {
 				wg.Go(func() {
-					supervise(apiCtx, cp.log, spawn, comp.name, comp.bin, comp.args, filepath.Join(c.StateDir, LogDir, comp.name+".log"))
+					superviseProgram(apiCtx, cp.log, spawn, comp.name, cp.programs[comp.name], nil, filepath.Join(c.StateDir, LogDir, comp.name+".log"))
 				})
 			}
 			wg.Go(func() { cp.applyBootstrapManifests(apiCtx, mc) })
@@ -133,6 +154,58 @@ func startControlPlane(c Config, mc config.Config, hostname string, spawn *spawn
 		stopEtcd()
 	}
 	return cp, nil
+}
+
+// controlPlaneImages are the images a config names for the control
+// plane's components.
+func controlPlaneImages(mc config.Config) map[string]string {
+	cl := mc.Cluster()
+	return map[string]string{
+		"kube-apiserver":          cl.APIServer().Image(),
+		"kube-controller-manager": cl.ControllerManager().Image(),
+		"kube-scheduler":          cl.Scheduler().Image(),
+	}
+}
+
+// reconfigure makes the components run as mc says, restarting those
+// whose binary or arguments change, as Talos restarts a static pod whose
+// spec changed after a config applied without a reboot: a new image
+// there is a new binary here. etcd is left alone, as on Talos (its
+// changes need a reboot).
+func (cp *controlPlane) reconfigure(c Config, mc config.Config) error {
+	pki := controlPlaneFiles{filepath.Join(c.StateDir, PKIDir)}
+	apiArgs, err := apiServerArgs(c, mc, pki)
+	if err != nil {
+		return err
+	}
+	want := map[string]component{"kube-apiserver": {bin: c.kubeBinary("kube-apiserver", mc.Cluster().APIServer().Image()), args: apiArgs}}
+	if c.NodeServices {
+		comps, err := controlPlaneComponents(c, mc, pki)
+		if err != nil {
+			return err
+		}
+		for _, comp := range comps {
+			want[comp.name] = comp
+		}
+	}
+	cp.imagesMu.Lock()
+	cp.images = controlPlaneImages(mc)
+	cp.imagesMu.Unlock()
+	for name, p := range cp.programs {
+		w, ok := want[name]
+		if !ok || p.runs(w.bin, w.args) {
+			continue
+		}
+		if name == "kube-apiserver" {
+			select {
+			case cp.apiRestarts <- struct{}{}:
+			default:
+			}
+		}
+		cp.log.Info("restarting with the new machine config", "process", name, "binary", w.bin)
+		p.set(w.bin, w.args)
+	}
+	return nil
 }
 
 // stop stops kube-apiserver and etcd and waits for them to exit.
@@ -434,22 +507,35 @@ func writeSecret(path string, data []byte) error {
 // as Talos's service runner restarts a failed service. Its output is
 // appended to logPath.
 func supervise(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args []string, logPath string) {
-	superviseEnv(ctx, log, spawn, name, bin, args, nil, logPath)
+	superviseProgram(ctx, log, spawn, name, newProgram(bin, args), nil, logPath)
 }
 
 // superviseEnv is supervise with an environment for the program.
+func superviseEnv(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args, env []string, logPath string) {
+	superviseProgram(ctx, log, spawn, name, newProgram(bin, args), env, logPath)
+}
+
+// superviseProgram is supervise for a program whose binary and arguments
+// may change while it runs (program.set): it is then stopped and started
+// again at once with the new ones.
 //
 // A program that keeps failing waits longer before each restart (2 s,
 // doubling up to 30 s, as kubelet's crash-loop back-off does), so a
 // restart loop does not starve the rest of a small machine; one that ran
 // for a minute starts over at 2 s.
-func superviseEnv(ctx context.Context, log *slog.Logger, spawn *spawner, name, bin string, args, env []string, logPath string) {
+func superviseProgram(ctx context.Context, log *slog.Logger, spawn *spawner, name string, p *program, env []string, logPath string) {
 	wait := 2 * time.Second
 	for {
 		started := time.Now()
-		err := runOnce(ctx, spawn, name, bin, args, env, logPath)
+		bin, args := p.get()
+		err := runOnce(ctx, spawn, name, bin, args, env, logPath, p.changed)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errReplaced) {
+			log.Info("process restarted with its new configuration", "process", name, "binary", bin)
+			wait = 2 * time.Second
+			continue
 		}
 		if time.Since(started) > time.Minute {
 			wait = 2 * time.Second
@@ -457,17 +543,67 @@ func superviseEnv(ctx context.Context, log *slog.Logger, spawn *spawner, name, b
 		// The log's last lines say why: on a lab VM the serial console,
 		// where this goes, is all there is to read.
 		log.Warn("process exited; restarting", "process", name, "err", err, "in", wait, "log", logPath, "tail", logTail(logPath, 3))
-		if !sleep(ctx, wait) {
+		select {
+		case <-ctx.Done():
 			return
+		case <-p.changed:
+			continue
+		case <-time.After(wait):
 		}
 		wait = min(2*wait, 30*time.Second)
 	}
 }
 
+// program is the binary and arguments a supervised program runs with.
+type program struct {
+	mu      sync.Mutex
+	bin     string
+	args    []string
+	changed chan struct{} // signalled when set changes them
+}
+
+func newProgram(bin string, args []string) *program {
+	return &program{bin: bin, args: args, changed: make(chan struct{}, 1)}
+}
+
+func (p *program) get() (string, []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bin, p.args
+}
+
+// runs reports whether the program runs with bin and args.
+func (p *program) runs(bin string, args []string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bin == p.bin && slices.Equal(args, p.args)
+}
+
+// set changes what the program runs and reports whether that changed
+// anything; its supervisor then restarts it.
+func (p *program) set(bin string, args []string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if bin == p.bin && slices.Equal(args, p.args) {
+		return false
+	}
+	p.bin, p.args = bin, args
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// errReplaced: the program was stopped to run with a new configuration.
+var errReplaced = errors.New("replaced by a new configuration")
+
 // stopTimeout is how long a child gets to exit after SIGTERM.
 const stopTimeout = 10 * time.Second
 
-func runOnce(ctx context.Context, spawn *spawner, name, bin string, args, env []string, logPath string) error {
+// runOnce runs the program until it exits, ctx ends, or replace is
+// signalled (errReplaced).
+func runOnce(ctx context.Context, spawn *spawner, name, bin string, args, env []string, logPath string, replace <-chan struct{}) error {
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -486,19 +622,25 @@ func runOnce(ctx context.Context, spawn *spawner, name, bin string, args, env []
 	go func() { done <- cmd.Wait() }()
 	spawn.running(name, cmd.Process.Pid)
 	defer spawn.running(name, 0)
+	stopped := ctx.Err()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+	case <-replace:
+		stopped = errReplaced
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-done:
-		return err
+	case <-done:
 	case <-time.After(stopTimeout):
 		_ = cmd.Process.Kill()
-		return <-done
+		<-done
 	}
+	if stopped != nil {
+		return stopped
+	}
+	return ctx.Err()
 }
 
 // spawner starts child processes from one OS thread that lives as long as

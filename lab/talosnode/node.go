@@ -57,6 +57,8 @@ type Node struct {
 	cp *controlPlane
 	// version is the Talos version this boot reports (VersionFile).
 	version string
+	// kubelet is this boot's kubelet, once the node services started it.
+	kubelet *program
 	// etcdLeft: this control plane left etcd (EtcdLeaveCluster) in this
 	// boot; its etcd service is finished until the next.
 	etcdLeft bool
@@ -337,6 +339,9 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 		// itself.
 		b.work.Go(func() { n.joinEtcd(work, mc, hostname) })
 	}
+	if controlPlane {
+		b.work.Go(func() { n.reportStaticPods(work, st, hostname) })
+	}
 	if vip, ok := layer2VIP(mc); ok && controlPlane {
 		b.work.Go(func() { n.runVIP(work, vip, hostname) })
 	}
@@ -350,6 +355,10 @@ func (n *Node) bootConfigured(ctx context.Context, st state.State, mc config.Pro
 				n.log.Error("node services failed to start", "err", err)
 			}
 		})
+	}
+	if err := put(ctx, st, machineConfigResource(mc)); err != nil {
+		b.stop()
+		return nil, err
 	}
 	if err := put(ctx, st, machineStatus(runtime.MachineStageRunning, true)); err != nil {
 		b.stop()

@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/resource/meta"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
 	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
 	"github.com/siderolabs/talos/pkg/machinery/resources/block"
+	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/hardware"
 	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
@@ -190,10 +193,21 @@ func put(ctx context.Context, st state.State, r resource.Resource) error {
 
 // readOnly lets clients read the state and nothing else, as Talos's
 // access policy does for every role but os:admin (and Talos lets no one
-// write these resources).
+// write these resources). Sensitive resources (the machine config, with
+// the cluster's keys) only os:admin reads, as on Talos.
 func readOnly(ctx context.Context, access state.Access) error {
-	if access.Verb.Readonly() {
-		return nil
+	if !access.Verb.Readonly() {
+		return errPermissionDenied
 	}
-	return errPermissionDenied
+	if access.ResourceType == configres.MachineConfigType && !slices.Contains(roles(ctx), roleAdmin) {
+		return errPermissionDenied
+	}
+	return nil
+}
+
+// machineConfigResource is the running config as Talos publishes it
+// (MachineConfigs.config.talos.dev, ID v1alpha1): what talosctl
+// upgrade-k8s and edit read before they patch a config.
+func machineConfigResource(mc coreconfig.Provider) *configres.MachineConfig {
+	return configres.NewMachineConfig(mc)
 }

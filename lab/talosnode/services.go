@@ -129,12 +129,50 @@ func (n *Node) startNodeServices(ctx context.Context, wg *sync.WaitGroup, mc con
 	if err := waitClusterAPI(ctx, mc); err != nil {
 		return err
 	}
+	kubelet := newProgram(c.kubeBinary("kubelet", mc.Machine().Kubelet().Image()), args)
+	n.mu.Lock()
+	n.kubelet = kubelet
+	n.mu.Unlock()
 	wg.Go(func() {
-		superviseEnv(ctx, n.log, n.spawn, "kubelet", c.Bin.Kubelet, args, env, filepath.Join(logs, "kubelet.log"))
+		superviseProgram(ctx, n.log, n.spawn, "kubelet", kubelet, env, filepath.Join(logs, "kubelet.log"))
 	})
 
 	// The Node's labels, annotations and taints, once it is registered.
 	wg.Go(func() { n.applyNodeSpec(ctx, mc, hostname) })
+	return nil
+}
+
+// reconfigureKubelet makes the running kubelet run as mc says (a config
+// applied without a reboot), restarting it if its binary (the version
+// machine.kubelet.image names) or its flags change, as Talos restarts
+// its kubelet service when the kubelet spec changes.
+func (n *Node) reconfigureKubelet(mc config.Config, hostname string) error {
+	n.mu.Lock()
+	kubelet := n.kubelet
+	n.mu.Unlock()
+	if kubelet == nil {
+		return nil
+	}
+	c := n.cfg
+	nodeIP, err := kubeletNodeIP(mc, c.Address)
+	if err != nil {
+		return err
+	}
+	cgroupRoot := "/"
+	if c.Platform == PlatformContainer {
+		cgroupRoot = nodeCgroup(c.Hostname)
+	}
+	if err := writeKubeletFiles(mc, hostname, c.Platform, cgroupRoot); err != nil {
+		return fmt.Errorf("kubelet files: %w", err)
+	}
+	args, err := kubeletArgs(mc, hostname, nodeIP)
+	if err != nil {
+		return err
+	}
+	bin := c.kubeBinary("kubelet", mc.Machine().Kubelet().Image())
+	if kubelet.set(bin, args) {
+		n.log.Info("restarting with the new machine config", "process", "kubelet", "binary", bin)
+	}
 	return nil
 }
 

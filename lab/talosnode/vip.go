@@ -51,13 +51,15 @@ func (n *Node) runVIP(ctx context.Context, vip netip.Addr, hostname string) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil && !errors.Is(err, errNotLeader) {
+		if err != nil && !errors.Is(err, errNotLeader) && !errors.Is(err, errResigned) {
 			n.log.Debug("vip: election", "vip", vip, "err", err)
 		}
 		v.release()
 		// Another holder: look again soon, so that the VIP moves within a
 		// fraction of a second when its holder lets go (a look is one
 		// read); an error: back off.
+		// Resigned: long enough for the others, which look every
+		// vipLook, to take it.
 		wait := 2 * time.Second
 		if errors.Is(err, errNotLeader) {
 			wait = vipLook
@@ -70,7 +72,10 @@ func (n *Node) runVIP(ctx context.Context, vip netip.Addr, hostname string) {
 	}
 }
 
-var errNotLeader = errors.New("another control plane holds the VIP")
+var (
+	errNotLeader = errors.New("another control plane holds the VIP")
+	errResigned  = errors.New("let the VIP go")
+)
 
 type vipHolder struct {
 	node     *Node
@@ -113,6 +118,11 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 		_ = etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
 		return errNotLeader
 	}
+	// A restart before this node held the VIP is no reason to let it go.
+	select {
+	case <-cp.apiRestarts:
+	default:
+	}
 	if err := v.acquire(); err != nil {
 		_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
 		return err
@@ -122,6 +132,12 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 		case <-ctx.Done():
 			_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
 			return ctx.Err()
+		case <-cp.apiRestarts:
+			// As Talos's VIP operator when its kube-apiserver static pod
+			// goes away: another control plane's serves meanwhile.
+			v.node.log.Info("vip: kube-apiserver restarting: letting the VIP go", "vip", v.vip)
+			_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
+			return errResigned
 		case <-time.After(vipLeaseTTL * time.Second / 3):
 		}
 		var alive struct {
