@@ -18,6 +18,9 @@ LDFLAGS     := -X cozy.dev/cozy/internal/version.Version=$(VERSION) -X cozy.dev/
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(COZY_CACHE_DIR)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 TEST_FLAGS  ?= -count=1 -timeout=20m
+# The Kubernetes version `make e2e` upgrades from (a second build of
+# hack/envtest-assets.sh): one minor below the default build.
+K8S_PREVIOUS ?= v1.35.4
 
 .PHONY: help
 help: ## List the targets
@@ -86,9 +89,11 @@ lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netboo
 		$(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
 
 .PHONY: e2e
-e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them; root)
+e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
+	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
+		$(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
 
 .PHONY: bench
 bench: build envtest node ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)
@@ -118,7 +123,7 @@ lint: $(STATICCHECK) ## go vet and staticcheck, with and without the integration
 	$(GO) vet -tags integration ./...
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags integration ./...
-	$(GO) vet -tags 'integration lab bench' ./...
+	$(GO) vet -tags 'integration lab bench e2e' ./...
 
 .PHONY: check
 check: deps fmt lint test lab-test ## Everything CI runs: the README's test command

@@ -46,6 +46,8 @@ type rackRig struct {
 	stateDir string
 	nodes    []*emuNode
 	assets   string
+	// nodeArgs are more flags for every emulated node.
+	nodeArgs []string
 }
 
 type emuNode struct {
@@ -228,9 +230,14 @@ func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
 // start runs (or restarts) the emulated node with its disk.
 func (r *rackRig) start(n *emuNode) {
 	self, _ := os.Executable()
-	n.cmd = n.ns.Command(context.Background(), self, "--address", n.ip+"/24", "--state-dir", n.dir,
+	args := append([]string{"--address", n.ip + "/24", "--state-dir", n.dir,
 		"--mac", n.mac, "--disk", "vda:20GiB:virtio", "--reboot-delay", "500ms",
-		"--etcd", filepath.Join(r.assets, "etcd"), "--kube-apiserver", filepath.Join(r.assets, "kube-apiserver"))
+		"--etcd", filepath.Join(r.assets, "etcd"), "--kube-apiserver", filepath.Join(r.assets, "kube-apiserver"),
+		// Not run without --node-services, but what the node has: an
+		// upgrade pre-pulls them.
+		"--kube-controller-manager", filepath.Join(r.assets, "kube-controller-manager"),
+		"--kube-scheduler", filepath.Join(r.assets, "kube-scheduler"), "--kubelet", filepath.Join(r.assets, "kubelet")}, r.nodeArgs...)
+	n.cmd = n.ns.Command(context.Background(), self, args...)
 	n.cmd.Env = append(os.Environ(), "COZY_TEST_RUN_TALOS_NODE=1")
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
@@ -265,7 +272,18 @@ const rigVIP = rigSubnet + ".9"
 // and a client config of its cluster through the VIP.
 func haRack(ctx context.Context, t *testing.T, controlPlanes, workers int) (*rackRig, *rest.Config) {
 	t.Helper()
-	r := newRackRig(t, controlPlanes, workers, "cluster: {vip: "+rigVIP+"}\n")
+	return haRackWith(ctx, t, controlPlanes, workers, "", nil)
+}
+
+// haRackWith is haRack with more of the rack's cluster: section (flow
+// YAML fields: "kubernetesVersion: 1.36.1") and more flags for the nodes.
+func haRackWith(ctx context.Context, t *testing.T, controlPlanes, workers int, cluster string, nodeArgs []string) (*rackRig, *rest.Config) {
+	t.Helper()
+	if cluster != "" {
+		cluster = ", " + cluster
+	}
+	r := newRackRig(t, controlPlanes, workers, "cluster: {vip: "+rigVIP+cluster+"}\n")
+	r.nodeArgs = nodeArgs
 	p := r.bootstrap()
 	t.Cleanup(func() { r.failLogs(p) })
 	r.boot(ctx)

@@ -107,7 +107,7 @@ func Talos(ctx context.Context, o Options) (Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("%s does not answer (%w): every node must, before an upgrade starts", name, err)
 		}
-		if err := checkStep(ms.Version, target); err != nil {
+		if err := checkStep("Talos", ms.Version, target); err != nil {
 			return res, fmt.Errorf("%s: %w", name, err)
 		}
 		step := Step{Node: name, Role: m.Role, From: ms.Version, To: target, Result: "to upgrade"}
@@ -152,13 +152,14 @@ func order(r *rack.Rack) []string {
 }
 
 // checkStep refuses what Cozy does not do: a downgrade, a version that
-// is not one, and a jump of more than one minor version.
-func checkStep(from, to string) error {
+// is not one, and a jump of more than one minor version. kind names the
+// versions ("Talos", "Kubernetes").
+func checkStep(kind, from, to string) error {
 	if !semver.IsValid(to) {
-		return fmt.Errorf("%q is not a Talos version", to)
+		return fmt.Errorf("%q is not a %s version", to, kind)
 	}
 	if !semver.IsValid(from) {
-		return fmt.Errorf("it reports version %q, which Cozy cannot compare with %s", from, to)
+		return fmt.Errorf("it runs %s version %q, which Cozy cannot compare with %s", kind, from, to)
 	}
 	if semver.Compare(from, to) > 0 {
 		return fmt.Errorf("it runs %s, newer than %s: Cozy does not downgrade", from, to)

@@ -19,9 +19,9 @@ func TestCheckStep(t *testing.T) {
 		{"v1.13.0", "v1.15.0", "v1.13.0 to v1.15.0 skips a minor version: upgrade one minor at a time (v1.14 first)"},
 		{"v1.13.0", "v2.0.0", "skips a minor version"},
 		{"v1.13.0", "latest", `"latest" is not a Talos version`},
-		{"", "v1.13.0", `it reports version ""`},
+		{"", "v1.13.0", `it runs Talos version ""`},
 	} {
-		err := checkStep(tc.from, tc.to)
+		err := checkStep("Talos", tc.from, tc.to)
 		switch {
 		case tc.refused == "" && err != nil:
 			t.Errorf("%s to %s refused: %v", tc.from, tc.to, err)

@@ -16,7 +16,7 @@ func newUpgradeCommand(g *Globals) *cobra.Command {
 		Use:   "upgrade",
 		Short: "Move the rack to the versions its rack file names, one node at a time",
 	}
-	cmd.AddCommand(newUpgradeTalosCommand(g))
+	cmd.AddCommand(newUpgradeTalosCommand(g), newUpgradeKubernetesCommand(g))
 	return cmd
 }
 
@@ -96,3 +96,84 @@ func (t upgradeTable) Rows() [][]string {
 }
 
 var _ output.Tabular = upgradeTable{}
+
+func newUpgradeKubernetesCommand(g *Globals) *cobra.Command {
+	var (
+		f    rackFlags
+		o    upgrade.KubernetesOptions
+		port int
+	)
+	cmd := &cobra.Command{
+		Use:   "kubernetes",
+		Short: "Upgrade the control plane, kube-proxy and every kubelet to the rack's cluster.kubernetesVersion",
+		Long: `Upgrade the rack's Kubernetes to the version its rack file names
+(cluster.kubernetesVersion; --version, if given, must be the same), as
+talosctl upgrade-k8s does, through each node's machine config:
+
+  1. every node's config is read first, and every node pre-pulls the
+     images it is to run; a node that does not answer, a downgrade, a jump
+     of more than one minor version, a version a node's Talos does not
+     run, or an image a node cannot pull refuses the whole upgrade before
+     anything changes;
+  2. kube-apiserver on each control plane in turn, then the
+     controller-manager, then the scheduler: the image patched into the
+     node's config (applied without a reboot), then the wait (--timeout)
+     until the node's static pod runs the new version and is Ready;
+  3. kube-proxy: the image in the control planes' configs and the
+     kube-proxy DaemonSet, rolled out;
+  4. every kubelet, control planes first: until its Node reports the new
+     version and is Ready;
+  5. it stops at the first failure with the node, the component and the
+     reason.
+
+Run again, it goes on where it stopped: a component whose config names the
+new version is waited for, not patched again. --dry-run prints the plan.`,
+		Example: "  cozyctl upgrade kubernetes --rack rack.yaml --dry-run\n  cozyctl upgrade kubernetes --rack rack.yaml --version v1.36.3",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := rack.Load(f.rackFile)
+			if err != nil {
+				return err
+			}
+			if o.Rack, err = rackapi.Open(r, defaultStateDir(f.stateDir, f.rackFile, r), port); err != nil {
+				return err
+			}
+			o.Log = g.Logger()
+			res, err := upgrade.Kubernetes(cmd.Context(), o)
+			if len(res.Steps) > 0 {
+				if perr := g.Print(kubernetesTable(res)); perr != nil && err == nil {
+					err = perr
+				}
+			}
+			return err
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&o.Version, "version", "", "the version to upgrade to: must be the rack's cluster.kubernetesVersion (default: that)")
+	fl.BoolVar(&o.DryRun, "dry-run", false, "print the plan; change nothing")
+	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on the wait for each component")
+	fl.IntVar(&port, "talos-port", 50000, "the Talos API port on the nodes")
+	_ = fl.MarkHidden("talos-port")
+	return cmd
+}
+
+type kubernetesTable upgrade.KubernetesResult
+
+func (t kubernetesTable) Header() []string {
+	return []string{"NODE", "COMPONENT", "FROM", "TO", "RESULT", "TOOK"}
+}
+
+func (t kubernetesTable) Rows() [][]string {
+	var rows [][]string
+	for _, s := range t.Steps {
+		took := "-"
+		if s.Took > 0 {
+			took = s.Took.String()
+		}
+		rows = append(rows, []string{s.Node, s.Component, dash(s.From), s.To, s.Result, took})
+	}
+	return rows
+}
+
+var _ output.Tabular = kubernetesTable{}

@@ -1,0 +1,112 @@
+package upgrade
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
+	"github.com/siderolabs/talos/pkg/machinery/config/generate"
+	"github.com/siderolabs/talos/pkg/machinery/config/machine"
+
+	"cozy.dev/cozy/bootstrap/rack"
+)
+
+func TestKubernetesStep(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, refused string
+	}{
+		{"v1.35.4", "v1.36.3", ""},
+		{"v1.36.1", "v1.36.3", ""},
+		{"v1.36.3", "v1.36.3", ""},
+		{"v1.36.3", "v1.36.1", "it runs v1.36.3, newer than v1.36.1: Cozy does not downgrade"},
+		{"v1.34.4", "v1.36.3", "v1.34.4 to v1.36.3 skips a minor version: upgrade one minor at a time (v1.35 first)"},
+		{"latest", "v1.36.3", `it runs Kubernetes version "latest", which Cozy cannot compare with v1.36.3`},
+		{"", "v1.36.3", `it runs Kubernetes version ""`},
+	} {
+		err := checkStep("Kubernetes", tc.from, tc.to)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Errorf("%s to %s refused: %v", tc.from, tc.to, err)
+		case tc.refused != "" && (err == nil || !strings.Contains(err.Error(), tc.refused)):
+			t.Errorf("%s to %s: %v, want %q", tc.from, tc.to, err, tc.refused)
+		}
+	}
+}
+
+// TestKubernetesPlanOrder: each control-plane component on every control
+// plane, then kube-proxy where it runs, then every kubelet, control
+// planes first; what is on the version already says so.
+func TestKubernetesPlanOrder(t *testing.T) {
+	r := &rack.Rack{Machines: []rack.Machine{
+		{Hostname: "w1", Role: rack.RoleWorker}, {Hostname: "cp2", Role: rack.RoleControlPlane},
+		{Hostname: "cp1", Role: rack.RoleControlPlane},
+	}}
+	cp := func(name, kubelet string) nodeConfig {
+		return nodeConfig{name: name, controlPlane: true, images: map[string]string{
+			APIServer: "registry.k8s.io/kube-apiserver:v1.36.3", ControllerManager: "registry.k8s.io/kube-controller-manager:v1.35.4",
+			Scheduler: "registry.k8s.io/kube-scheduler:v1.35.4", KubeProxy: "registry.k8s.io/kube-proxy:v1.35.4", Kubelet: kubelet,
+		}}
+	}
+	nodes := map[string]nodeConfig{
+		"cp1": cp("cp1", "ghcr.io/siderolabs/kubelet:v1.35.4"),
+		"cp2": cp("cp2", "ghcr.io/siderolabs/kubelet:v1.35.4"),
+		"w1":  {name: "w1", images: map[string]string{Kubelet: "ghcr.io/siderolabs/kubelet:v1.35.4"}},
+	}
+	var got []string
+	for _, s := range plan(r, nodes, "v1.36.3") {
+		got = append(got, s.Component+"/"+s.Node+"/"+s.Result)
+	}
+	want := []string{
+		"kube-apiserver/cp2/already on the version", "kube-apiserver/cp1/already on the version",
+		"kube-controller-manager/cp2/to upgrade", "kube-controller-manager/cp1/to upgrade",
+		"kube-scheduler/cp2/to upgrade", "kube-scheduler/cp1/to upgrade",
+		"kube-proxy/cp2/to upgrade", "kube-proxy/cp1/to upgrade",
+		"kubelet/cp2/to upgrade", "kubelet/cp1/to upgrade", "kubelet/w1/to upgrade",
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestImagePatch: each component's patch, applied as Talos's patcher
+// applies it, changes that component's image and nothing else.
+func TestImagePatch(t *testing.T) {
+	in, err := generate.NewInput("lab", "https://10.0.0.9:6443", "1.35.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := in.Config(machine.TypeControlPlane)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, comp := range []string{APIServer, ControllerManager, Scheduler, KubeProxy, Kubelet} {
+		p, err := configpatcher.LoadPatch([]byte(imagePatch(comp, "example.org/"+comp+":v1.36.3")))
+		if err != nil {
+			t.Fatalf("%s: %v", comp, err)
+		}
+		out, err := configpatcher.Apply(configpatcher.WithConfig(base), []configpatcher.Patch{p})
+		if err != nil {
+			t.Fatalf("%s: %v", comp, err)
+		}
+		b, err := out.Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc, err := configloader.NewFromBytes(b)
+		if err != nil {
+			t.Fatalf("%s: the patched config does not load: %v", comp, err)
+		}
+		cl := mc.Cluster()
+		got := map[string]string{
+			APIServer: cl.APIServer().Image(), ControllerManager: cl.ControllerManager().Image(),
+			Scheduler: cl.Scheduler().Image(), KubeProxy: cl.Proxy().Image(), Kubelet: mc.Machine().Kubelet().Image(),
+		}
+		for c, img := range got {
+			want := tagOf(img) == "v1.36.3"
+			if (c == comp) != want || c == comp && !strings.HasPrefix(img, "example.org/") {
+				t.Errorf("patch of %s: %s is %s", comp, c, img)
+			}
+		}
+	}
+}
