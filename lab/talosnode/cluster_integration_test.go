@@ -16,8 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
@@ -249,6 +251,26 @@ func TestClusterRunsPods(t *testing.T) {
 		}
 		if out != "True" {
 			return fmt.Errorf("Available=%q", out)
+		}
+		return nil
+	})
+
+	// Talos's StaticPodStatus of each control-plane component: the
+	// image of the version that runs, Ready once it answers its health
+	// check.
+	cpTalos := configClient(t, c.talos, c.nodes[0].api)
+	want := "v" + kubernetesVersion(t, testenv.AssetsDir(t))
+	poll.Within(t, 2*time.Minute, 200*time.Millisecond, "cp1's static pod statuses", func() error {
+		for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			res, err := cpTalos.COSI.Get(ctx, resource.NewMetadata(k8s.NamespaceName, k8s.StaticPodStatusType, "kube-system/"+comp+"-cp1", resource.VersionUndefined))
+			if err != nil {
+				return err
+			}
+			st := res.(*k8s.StaticPodStatus).TypedSpec().PodStatus
+			cs := st["containerStatuses"].([]any)[0].(map[string]any)
+			if cs["image"] != "registry.k8s.io/"+comp+":"+want || cs["ready"] != true {
+				return fmt.Errorf("%s: %v", comp, st)
+			}
 		}
 		return nil
 	})

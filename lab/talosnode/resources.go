@@ -171,7 +171,8 @@ func seed(ctx context.Context, st state.State, rs ...resource.Resource) error {
 		if err != nil {
 			return err
 		}
-		if err := st.Create(ctx, rd); err != nil {
+		// Another resource of the type may have created it (put).
+		if err := st.Create(ctx, rd); err != nil && !state.IsConflictError(err) {
 			return fmt.Errorf("create %s: %w", rd.Metadata(), err)
 		}
 	}
