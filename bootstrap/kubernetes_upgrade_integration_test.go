@@ -166,6 +166,24 @@ func upgradeKubernetes(ctx context.Context, t *testing.T, r *rackRig, rc *rest.C
 		check(t, n)
 	}
 
+	// The rack file against what runs: in step, then a downgrade.
+	validate := func() (string, error) {
+		cmd := r.ns.Command(ctx, cozyctl.Path(t), "rack", "validate", r.rackFile, "--against-cluster", "--state-dir", r.stateDir)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := validate(); err != nil {
+		t.Errorf("rack validate --against-cluster after the upgrade: %v\n%s", err, out)
+	}
+	setVersion(from)
+	if out, err := validate(); err == nil || !strings.Contains(out, "cp1 (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet): it runs "+to+", newer than "+from+": Cozy does not downgrade") ||
+		!strings.Contains(out, "w1 (kubelet): it runs "+to) {
+		t.Errorf("rack validate --against-cluster of a downgrade: %v\n%s", err, out)
+	} else {
+		t.Logf("rack validate --against-cluster of a downgrade:\n%s", out)
+	}
+	setVersion(to)
+
 	out, stderr, err = cozy("upgrade", "kubernetes")
 	if err != nil {
 		t.Fatalf("upgrade again: %v\n%s", err, stderr)

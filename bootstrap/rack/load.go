@@ -132,6 +132,12 @@ func yamlProblem(err error) Problem {
 	return p
 }
 
+// ProblemAt is a problem of the field at path, with its line in the
+// file: for checks made after Load (what the rack runs, say).
+func (r *Rack) ProblemAt(path, message string) Problem {
+	return Problem{Path: path, Line: lineOf(r.lines, path), Message: message}
+}
+
 // lineOf finds the line of path or of its nearest ancestor in the file.
 func lineOf(lines map[string]int, path string) int {
 	for path != "" {

@@ -77,7 +77,6 @@ type KubernetesResult struct {
 type nodeConfig struct {
 	name         string
 	controlPlane bool
-	talos        string
 	images       map[string]string // by component; kube-proxy only when enabled
 }
 
@@ -167,18 +166,7 @@ func readConfigs(ctx context.Context, o KubernetesOptions, target string) (map[s
 		if err := want.SupportedWith(talos); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		nc := nodeConfig{name: name, controlPlane: mc.Machine().Type().IsControlPlane(), talos: ms.Version, images: map[string]string{
-			Kubelet: mc.Machine().Kubelet().Image(),
-		}}
-		if nc.controlPlane {
-			cl := mc.Cluster()
-			nc.images[APIServer] = cl.APIServer().Image()
-			nc.images[ControllerManager] = cl.ControllerManager().Image()
-			nc.images[Scheduler] = cl.Scheduler().Image()
-			if p := cl.Proxy(); p != nil && p.Enabled() {
-				nc.images[KubeProxy] = p.Image()
-			}
-		}
+		nc := nodeConfig{name: name, controlPlane: mc.Machine().Type().IsControlPlane(), images: imagesOf(mc)}
 		for comp, image := range nc.images {
 			if err := checkStep("Kubernetes", tagOf(image), target); err != nil {
 				return nil, fmt.Errorf("%s: %s (%s): %w", name, comp, image, err)
@@ -187,6 +175,23 @@ func readConfigs(ctx context.Context, o KubernetesOptions, target string) (map[s
 		nodes[name] = nc
 	}
 	return nodes, nil
+}
+
+// imagesOf is the image of each Kubernetes component a node's config
+// runs: the kubelet, and on a control plane the control plane's
+// components and kube-proxy (when enabled).
+func imagesOf(mc coreconfig.Provider) map[string]string {
+	images := map[string]string{Kubelet: mc.Machine().Kubelet().Image()}
+	if mc.Machine().Type().IsControlPlane() {
+		cl := mc.Cluster()
+		images[APIServer] = cl.APIServer().Image()
+		images[ControllerManager] = cl.ControllerManager().Image()
+		images[Scheduler] = cl.Scheduler().Image()
+		if p := cl.Proxy(); p != nil && p.Enabled() {
+			images[KubeProxy] = p.Image()
+		}
+	}
+	return images
 }
 
 // plan is the steps in Talos's order: each control-plane component on

@@ -11,6 +11,8 @@ import (
 	"cozy.dev/cozy/bmc"
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/bootstrap/rackapi"
+	"cozy.dev/cozy/bootstrap/upgrade"
 	"cozy.dev/cozy/internal/output"
 )
 
@@ -120,17 +122,35 @@ func (r rackReport) Rows() [][]string {
 }
 
 func newRackValidateCommand(g *Globals) *cobra.Command {
-	return &cobra.Command{
+	var (
+		against  bool
+		stateDir string
+	)
+	cmd := &cobra.Command{
 		Use:   "validate FILE",
 		Short: "Check a rack file and print every problem with its field and line",
 		Long: `Check a rack file. A valid rack prints a one-line summary; an invalid one
-prints every problem with its field path and line, and exits 1.`,
+prints every problem with its field path and line, and exits 1.
+
+With --against-cluster it also reads what the bootstrapped rack's nodes run
+(through the bootstrap's state dir) and refuses what the upgrades would: a
+talos.version or cluster.kubernetesVersion older than a node runs, or more
+than one minor version ahead of it; and a node that does not answer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := rack.Load(args[0])
 			if err == nil {
 				// The BMC secrets too: what `bootstrap` and `machine` will read.
 				if ps := r.CheckBMCCredentials(); len(ps) > 0 {
+					err = &rack.Problems{File: filepath.Base(args[0]), List: ps}
+				}
+			}
+			if err == nil && against {
+				ra, oerr := rackapi.Open(r, defaultStateDir(stateDir, args[0], r), 0)
+				if oerr != nil {
+					return fmt.Errorf("--against-cluster: %w", oerr)
+				}
+				if ps := upgrade.Running(cmd.Context(), ra); len(ps) > 0 {
 					err = &rack.Problems{File: filepath.Base(args[0]), List: ps}
 				}
 			}
@@ -151,6 +171,9 @@ prints every problem with its field path and line, and exits 1.`,
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&against, "against-cluster", false, "also compare the rack's versions with what its bootstrapped nodes run")
+	cmd.Flags().StringVar(&stateDir, "state-dir", "", "the bootstrap's state dir, for --against-cluster (default: <rack dir>/<cluster name>)")
+	return cmd
 }
 
 var _ output.Tabular = rackReport{}
