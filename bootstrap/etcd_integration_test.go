@@ -153,3 +153,76 @@ func TestEtcdSnapshotRestore(t *testing.T) {
 		t.Errorf("the uploaded snapshot is still on cp1's disk after the restore (stat: %v)", err)
 	}
 }
+
+// TestEtcdScheduledBackups: `cozyctl etcd backup` under the rack's
+// etcd.backups (every 1h, keep 2) takes a snapshot when none is there,
+// nothing on a second run (not due), one with --force each time, and
+// keeps the newest two, deleting the oldest; a file in the directory
+// that the schedule did not name is left alone.
+func TestEtcdScheduledBackups(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, _ := haRack(ctx, t, 1, 0)
+	cozy := func(args ...string) (string, string, error) { return r.cozyctl(ctx, args...) }
+	if _, stderr, err := cozy("etcd", "backup"); err == nil || !strings.Contains(stderr, "the rack has no etcd.backups.every") {
+		t.Errorf("etcd backup without a schedule: %v\n%s", err, stderr)
+	}
+	f, err := os.OpenFile(r.rackFile, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("etcd: {backups: {every: 1h, keep: 2}}\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dir := filepath.Join(r.stateDir, etcdbackup.BackupDir)
+	run := func(args ...string) etcdbackup.Scheduled {
+		t.Helper()
+		out, stderr, err := cozy(append([]string{"etcd", "backup"}, args...)...)
+		if err != nil {
+			t.Fatalf("etcd backup %v: %v\n%s", args, err, stderr)
+		}
+		var res etcdbackup.Scheduled
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("etcd backup -o json: %v: %s", err, out)
+		}
+		return res
+	}
+	first := run()
+	if first.Taken == nil || len(first.Kept) != 1 || first.Taken.Revision <= 0 {
+		t.Fatalf("first run: %+v, want a snapshot taken", first)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mine.db"), []byte("not the schedule's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if again := run(); again.Taken != nil || len(again.Kept) != 1 || !again.Next.Equal(first.Next) {
+		t.Errorf("a second run within the hour: %+v, want nothing taken, next %s", again, first.Next)
+	}
+	run("--force")
+	last := run("--force")
+	if last.Taken == nil || len(last.Kept) != 2 || len(last.Pruned) != 1 || last.Pruned[0].File != first.Taken.File {
+		t.Errorf("keep 2 after three: %+v, want the first pruned", last)
+	}
+	if _, err := os.Stat(first.Taken.File); !os.IsNotExist(err) {
+		t.Errorf("the pruned snapshot: %v, want it gone", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		if fi, err := e.Info(); err == nil && fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", e.Name(), fi.Mode().Perm())
+		}
+	}
+	if len(names) != 3 || !slices.Contains(names, "mine.db") {
+		t.Errorf("%s holds %v, want the two kept and mine.db", dir, names)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s: %v, want mode 0700", dir, err)
+	}
+	for _, b := range last.Kept {
+		if _, err := etcdbackup.Check(b.File); err != nil {
+			t.Errorf("kept snapshot: %v", err)
+		}
+	}
+}

@@ -14,7 +14,9 @@ import (
 var (
 	DefaultTalosVersion      = strings.TrimSpace(gendata.VersionTag)
 	DefaultKubernetesVersion = constants.DefaultKubernetesVersion
-	DefaultFactory           = "https://factory.talos.dev"
+	// DefaultBackupsKept is how many scheduled etcd snapshots are kept.
+	DefaultBackupsKept = 7
+	DefaultFactory     = "https://factory.talos.dev"
 	// DefaultExtensions are what the platform needs: DRBD for LINSTOR and
 	// ZFS for its ZFS storage pools.
 	DefaultExtensions     = []string{"siderolabs/drbd", "siderolabs/zfs"}
@@ -52,6 +54,10 @@ func (r *Rack) setDefaults() {
 	}
 	if c.CNI == "" {
 		c.CNI = CNINone
+	}
+
+	if b := &r.Etcd.Backups; b.Every != "" && b.Keep == 0 {
+		b.Keep = DefaultBackupsKept
 	}
 
 	t := &r.Talos

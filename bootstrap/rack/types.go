@@ -8,7 +8,11 @@
 // are filled by Load and printed by `cozyctl rack init`, never hidden.
 package rack
 
-import "go.yaml.in/yaml/v3"
+import (
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
 
 // APIVersion and Kind identify a rack file.
 const (
@@ -49,6 +53,7 @@ type Rack struct {
 	// machine's own patches.
 	Patches  []Patch  `yaml:"patches,omitempty" json:"patches,omitempty"`
 	Platform Platform `yaml:"platform,omitempty" json:"platform,omitzero"`
+	Etcd     Etcd     `yaml:"etcd,omitempty" json:"etcd,omitzero"`
 
 	// lines maps field paths to their lines in the file, set by Parse
 	// for checks made after it (CheckBMCCredentials).
@@ -284,4 +289,25 @@ type Git struct {
 	URL    string `yaml:"url,omitempty" json:"url,omitempty"`
 	Branch string `yaml:"branch,omitempty" json:"branch,omitempty"`
 	Path   string `yaml:"path,omitempty" json:"path,omitempty"`
+}
+
+// Etcd is what Cozy does with the cluster's etcd besides running it.
+type Etcd struct {
+	Backups EtcdBackups `yaml:"backups,omitempty" json:"backups,omitzero"`
+}
+
+// EtcdBackups is the schedule of `cozyctl etcd backup`: a snapshot once
+// the newest in the state dir is Every old, the newest Keep kept.
+type EtcdBackups struct {
+	// Every is a duration (6h, 30m); empty means no schedule.
+	Every string `yaml:"every,omitempty" json:"every,omitempty"`
+	// Keep is how many snapshots are kept (default 7).
+	Keep int `yaml:"keep,omitempty" json:"keep,omitempty"`
+}
+
+// Interval is Every as a duration; 0 without a schedule (validated by
+// Load).
+func (b EtcdBackups) Interval() time.Duration {
+	d, _ := time.ParseDuration(b.Every)
+	return d
 }

@@ -86,6 +86,14 @@ func (r *Rack) validate() []Problem {
 			add(errorf(fmt.Sprintf("platform.storage.devices[%d]", i), "%q is not a device path under /dev/", d))
 		}
 	}
+	if b := r.Etcd.Backups; b.Every != "" || b.Keep != 0 {
+		if d, err := time.ParseDuration(b.Every); err != nil || d < time.Minute {
+			add(errorf("etcd.backups.every", "%q is not a duration of at least 1m, such as 6h", b.Every))
+		}
+		if b.Keep < 1 {
+			add(errorf("etcd.backups.keep", "%d: keep at least 1 snapshot", b.Keep))
+		}
+	}
 	if pl.Git.URL != "" {
 		if u, err := url.Parse(pl.Git.URL); err != nil || u.Scheme == "" || (u.Host == "" && u.Scheme != "file") {
 			add(errorf("platform.git.url", "%q is not a Git URL (https://, ssh:// or file://)", pl.Git.URL))

@@ -23,7 +23,7 @@ disaster recovery). They use the bootstrap's state dir: its talosconfig
 and the addresses it recorded. A snapshot holds every Secret of the
 cluster: it is written 0600; keep it as safe as the state dir.`,
 	}
-	cmd.AddCommand(newEtcdSnapshotCommand(g), newEtcdCheckCommand(g), newEtcdRestoreCommand(g))
+	cmd.AddCommand(newEtcdSnapshotCommand(g), newEtcdBackupCommand(g), newEtcdCheckCommand(g), newEtcdRestoreCommand(g))
 	return cmd
 }
 
@@ -88,6 +88,61 @@ failed or corrupt download leaves --out as it was.`,
 	f.register(cmd)
 	cmd.Flags().StringVar(&out, "out", "", "the snapshot file to write (required)")
 	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func newEtcdBackupCommand(g *Globals) *cobra.Command {
+	var (
+		f            rackFlags
+		force, watch bool
+	)
+	cmd := &cobra.Command{
+		Use:   "backup",
+		Short: "Take the snapshot the rack's etcd.backups schedule says is due, and keep the newest",
+		Long: `Take a snapshot of the rack's etcd into <state dir>/etcd-backups when the
+rack file's schedule says one is due (etcd.backups.every: the newest there
+is that old, or there is none), then delete the oldest beyond
+etcd.backups.keep (default 7). Snapshots are named
+<cluster>-<UTC time>.db, 0600, checked as 'etcd snapshot' checks them;
+other files in the directory are left alone.
+
+Run it from cron or a systemd timer as often as you like: a run with
+nothing due takes nothing. --watch runs it in the foreground, waking when
+the next one is due (after a failure, within a minute), until interrupted.
+--force takes one now.`,
+		Example: "  cozyctl etcd backup --rack rack.yaml            # from cron, e.g. every 10 minutes\n  cozyctl etcd backup --rack rack.yaml --watch    # as a service",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := f.options(g)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			for {
+				res, err := etcdbackup.RunScheduled(ctx, o, force, time.Now())
+				force = false
+				if err == nil {
+					err = g.Print(scheduledTable(res))
+				}
+				if !watch || ctx.Err() != nil {
+					return err
+				}
+				wait := time.Until(res.Next)
+				if err != nil {
+					wait = min(time.Minute, o.Rack.Etcd.Backups.Interval())
+					g.Logger().Error("etcd backup failed; trying again", "err", err, "in", wait)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(max(wait, time.Second)):
+				}
+			}
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&force, "force", false, "take a snapshot now, due or not (then keep the newest, as scheduled)")
+	cmd.Flags().BoolVar(&watch, "watch", false, "keep running: take each snapshot when it is due")
 	return cmd
 }
 
@@ -180,7 +235,22 @@ func (t restoredTable) Rows() [][]string {
 		strconv.FormatInt(t.Status.Revision, 10), strconv.Itoa(t.Status.TotalKeys), t.Took.String()}}
 }
 
+type scheduledTable etcdbackup.Scheduled
+
+func (t scheduledTable) Header() []string {
+	return []string{"TAKEN", "REVISION", "KEPT", "PRUNED", "NEXT"}
+}
+
+func (t scheduledTable) Rows() [][]string {
+	taken, rev := "-", "-"
+	if t.Taken != nil {
+		taken, rev = filepath.Base(t.Taken.File), strconv.FormatInt(t.Taken.Revision, 10)
+	}
+	return [][]string{{taken, rev, strconv.Itoa(len(t.Kept)), strconv.Itoa(len(t.Pruned)), t.Next.UTC().Format(time.RFC3339)}}
+}
+
 var (
+	_ output.Tabular = scheduledTable{}
 	_ output.Tabular = savedTable{}
 	_ output.Tabular = restoredTable{}
 )
