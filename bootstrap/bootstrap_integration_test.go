@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -307,6 +308,23 @@ func (r *rackRig) cozyctl(ctx context.Context, args ...string) (stdout, stderr s
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err = cmd.Run()
 	return out.String(), errOut.String(), err
+}
+
+// killedRuns starts `cozyctl ARGS --rack R --state-dir S` ten times and
+// kills each (SIGKILL) after a random time between from and from+spread.
+func (r *rackRig) killedRuns(ctx context.Context, from, spread time.Duration, args ...string) {
+	r.t.Helper()
+	for i := range 10 {
+		cmd := r.ns.Command(ctx, cozyctl.Path(r.t), append(args, "--rack", r.rackFile, "--state-dir", r.stateDir)...)
+		if err := cmd.Start(); err != nil {
+			r.t.Fatal(err)
+		}
+		after := from + time.Duration(rand.Int64N(int64(spread))).Round(time.Millisecond)
+		time.Sleep(after)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		r.t.Logf("run %d killed after %v", i+1, after)
+	}
 }
 
 func (r *rackRig) failLogs(p *run) {

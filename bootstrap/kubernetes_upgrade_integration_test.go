@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,17 +131,7 @@ func upgradeKubernetes(ctx context.Context, t *testing.T, r *rackRig, rc *rest.C
 	api := sampleAPI(t, rc)
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
-	for i := range 10 {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), "upgrade", "kubernetes", "--rack", r.rackFile, "--state-dir", r.stateDir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		after := time.Duration(500+rand.IntN(4000)) * time.Millisecond
-		time.Sleep(after)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Logf("run %d killed after %v", i+1, after)
-	}
+	r.killedRuns(ctx, 500*time.Millisecond, 4000*time.Millisecond, "upgrade", "kubernetes")
 	out, stderr, err = cozy("upgrade", "kubernetes", "--timeout", "3m")
 	took := time.Since(start)
 	samples := s.stop()

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -33,7 +32,6 @@ import (
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/leave"
 	"cozy.dev/cozy/bootstrap/state"
-	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 // TestNodeRemove takes a worker and then a control plane out of a rack of
@@ -112,17 +110,7 @@ func TestNodeRemove(t *testing.T) {
 	// ten random moments, then run to the end.
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
-	for i := range 10 {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), "node", "remove", "cp3", "--rack", r.rackFile, "--state-dir", r.stateDir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		after := time.Duration(200+rand.IntN(2800)) * time.Millisecond
-		time.Sleep(after)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Logf("run %d killed after %v", i+1, after)
-	}
+	r.killedRuns(ctx, 200*time.Millisecond, 2800*time.Millisecond, "node", "remove", "cp3")
 	res = remove("cp3")
 	took := time.Since(start)
 	samples := s.stop()

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"cozy.dev/cozy/bootstrap/upgrade"
-	"cozy.dev/cozy/internal/testing/cozyctl"
 )
 
 // TestTalosUpgrade upgrades a rack of three control planes and a worker
@@ -75,17 +73,7 @@ func TestTalosUpgrade(t *testing.T) {
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
 	// Ten runs killed at random moments, then one to the end.
-	for i := range 10 {
-		cmd := r.ns.Command(ctx, cozyctl.Path(t), "upgrade", "talos", "--rack", r.rackFile, "--state-dir", r.stateDir)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		after := time.Duration(500+rand.IntN(4000)) * time.Millisecond
-		time.Sleep(after)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Logf("run %d killed after %v", i+1, after)
-	}
+	r.killedRuns(ctx, 500*time.Millisecond, 4000*time.Millisecond, "upgrade", "talos")
 	out, stderr, err = cozy("upgrade", "talos", "--timeout", "3m")
 	took := time.Since(start)
 	samples := s.stop()

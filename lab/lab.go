@@ -60,6 +60,11 @@ type Config struct {
 	// got ready about 10 minutes after lab up started with two VMs, and
 	// not with three (docs/lab.md#measured).
 	NodeServices string `json:",omitempty"`
+	// KubernetesVersion is the version the lab's rack names; empty means
+	// KubernetesVersion, the one its binaries are built at. A test names
+	// an older one to upgrade from: the nodes run their one build for it
+	// (docs/talos-node.md#kubernetes-versions).
+	KubernetesVersion string `json:",omitempty"`
 }
 
 // Values of Config.NodeServices.
@@ -280,7 +285,11 @@ network:
 	if c.Image != "talos" {
 		// The version the lab's binaries and images are built at
 		// (hack/envtest-assets.sh, hack/lab-images.sh).
-		cluster = append(cluster, "  kubernetesVersion: "+KubernetesVersion+"   # what the lab builds from source")
+		line := "  kubernetesVersion: " + KubernetesVersion + "   # what the lab builds from source"
+		if v := c.KubernetesVersion; v != "" && v != KubernetesVersion {
+			line = "  kubernetesVersion: " + v + "   # the lab's " + KubernetesVersion + " build runs it"
+		}
+		cluster = append(cluster, line)
 		// The lab's own CNI, as Talos's default: the platform's Kube-OVN
 		// and Cilium are not built here yet (docs/lab.md).
 		cluster = append(cluster, "  cni: flannel                    # Talos's flannel, with kube-proxy")

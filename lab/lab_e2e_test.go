@@ -35,12 +35,14 @@ import (
 	"cozy.dev/cozy/bootstrap/power"
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/bootstrap/upgrade"
 	"cozy.dev/cozy/internal/cachedir"
 	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/netns"
 	"cozy.dev/cozy/internal/testing/clustertest"
 	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 	"cozy.dev/cozy/internal/testing/testenv"
@@ -58,8 +60,9 @@ import (
 // down, serial logs kept in $COZY_TEST_ARTIFACTS.
 func TestLab(t *testing.T) {
 	requireLab(t)
+	// Bootstrapped on an older Kubernetes than its build, to upgrade.
 	c := lab.Config{Name: fmt.Sprintf("lt%d", os.Getpid()), Nodes: 3, ControlPlanes: 1,
-		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir()}
+		Firmware: lab.FirmwareMixed, Accel: "tcg", Dir: t.TempDir(), KubernetesVersion: labUpgradeFrom}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	res, _ := upLab(ctx, t, &c)
@@ -77,6 +80,91 @@ func TestLab(t *testing.T) {
 		}
 	}
 	platformAccepted(ctx, t, &c, res.Kubeconfig)
+	dayTwo(ctx, t, &c)
+}
+
+// labUpgradeFrom is the Kubernetes version TestLab bootstraps, then
+// upgrades from to the lab's build (lab.KubernetesVersion).
+const labUpgradeFrom = "1.36.1"
+
+// dayTwo is the day-2 commands on the lab's VMs, as an operator runs them
+// in its namespace:
+//   - `cozyctl upgrade kubernetes` from labUpgradeFrom to the lab's version:
+//     each component's image patched into each VM's config and applied
+//     without a reboot, gated on the control plane's StaticPodStatus. The
+//     VMs carry one build, which ran the old version too, so no binary
+//     changes and nothing restarts: what is shown is the path through the
+//     VMs' Talos API, not a new Kubernetes (TestKubernetesUpgradeVersions
+//     is);
+//   - `cozyctl rack validate --against-cluster` then finds the rack in
+//     step;
+//   - `cozyctl node remove` of the last worker: reset without a reboot, so
+//     its VM powers off, and the state dir records it removed.
+func dayTwo(ctx context.Context, t *testing.T, c *lab.Config) {
+	t.Helper()
+	rackFile := filepath.Join(c.Dir, lab.RackFile)
+	stateDir := filepath.Join(c.Dir, lab.StateDir)
+	cozy := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name), cozyctl.Path(t)}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return string(out), fmt.Errorf("cozyctl %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return string(out), nil
+	}
+	b, err := os.ReadFile(rackFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := strings.Replace(string(b), "kubernetesVersion: "+labUpgradeFrom, "kubernetesVersion: "+lab.KubernetesVersion, 1)
+	if err := os.WriteFile(rackFile, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, err := cozy("upgrade", "kubernetes", "--rack", rackFile, "--state-dir", stateDir, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up upgrade.KubernetesResult
+	if err := json.Unmarshal([]byte(out), &up); err != nil {
+		t.Fatalf("upgrade kubernetes -o json: %v: %s", err, out)
+	}
+	t.Logf("cozyctl upgrade kubernetes v%s → v%s on the lab's VMs: %v, %d steps", labUpgradeFrom, lab.KubernetesVersion, time.Since(start).Round(time.Second), len(up.Steps))
+	// cp1's kube-apiserver, controller-manager, scheduler, kube-proxy
+	// (flannel's) and kubelet; each worker's kubelet.
+	if len(up.Steps) != 5+c.Nodes-c.ControlPlanes {
+		t.Errorf("upgrade steps %+v", up.Steps)
+	}
+	for _, s := range up.Steps {
+		if s.From != "v"+labUpgradeFrom || s.To != "v"+lab.KubernetesVersion || s.Result != "upgraded" && !strings.HasPrefix(s.Result, "config only") {
+			t.Errorf("upgrade step %+v", s)
+		}
+	}
+	if out, err := cozy("rack", "validate", rackFile, "--against-cluster", "--state-dir", stateDir); err != nil {
+		t.Errorf("rack validate --against-cluster after the upgrade: %v\n%s", err, out)
+	}
+
+	last := c.Machines()[c.Nodes-1]
+	start = time.Now()
+	if _, err := cozy("node", "remove", last.Name, "--rack", rackFile, "--state-dir", stateDir, "-o", "json"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cozyctl node remove %s: %v", last.Name, time.Since(start).Round(time.Second))
+	poll.Within(t, 2*time.Minute, time.Second, last.Name+"'s VM powered off", func() error {
+		if st := c.VMStatus(last); st != "stopped" {
+			return fmt.Errorf("its VM is %s", st)
+		}
+		return nil
+	})
+	st, err := state.Read(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Nodes[last.Name]; n == nil || n.Phase != state.Removed {
+		t.Errorf("%s in the state dir: %+v, want removed", last.Name, n)
+	}
 }
 
 // TestLabNodes is `make e2e`: the lab with its node services on, under

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
 	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configpatcher"
 	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
@@ -16,22 +17,20 @@ import (
 // resource, which only the os:admin role reads (the bootstrap's
 // talosconfig has it).
 func (r *Rack) MachineConfig(ctx context.Context, name string) (coreconfig.Provider, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	res, err := c.COSI.Get(ctx, resource.NewMetadata(configres.NamespaceName, configres.MachineConfigType, configres.ActiveID, resource.VersionUndefined))
-	if err != nil {
-		return nil, fmt.Errorf("machine config: %w", err)
-	}
-	mc, ok := res.(*configres.MachineConfig)
-	if !ok || mc.Provider() == nil {
-		return nil, fmt.Errorf("machine config: the node sent a %T", res)
-	}
-	return mc.Provider(), nil
+	var mc coreconfig.Provider
+	err := r.Call(ctx, name, 15*time.Second, func(ctx context.Context, c *client.Client) error {
+		res, err := c.COSI.Get(ctx, resource.NewMetadata(configres.NamespaceName, configres.MachineConfigType, configres.ActiveID, resource.VersionUndefined))
+		if err != nil {
+			return fmt.Errorf("machine config: %w", err)
+		}
+		got, ok := res.(*configres.MachineConfig)
+		if !ok || got.Provider() == nil {
+			return fmt.Errorf("machine config: the node sent a %T", res)
+		}
+		mc = got.Provider()
+		return nil
+	})
+	return mc, err
 }
 
 // PatchConfig applies a patch (a strategic merge patch in YAML, as
@@ -62,15 +61,11 @@ func (r *Rack) PatchConfig(ctx context.Context, name, patch string) (bool, error
 	if string(before) == string(data) {
 		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return false, err
-	}
-	defer c.Close()
-	if _, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: data, Mode: machine.ApplyConfigurationRequest_NO_REBOOT}); err != nil {
-		return false, fmt.Errorf("apply the patched machine config: %w", err)
-	}
-	return true, nil
+	err = r.Call(ctx, name, time.Minute, func(ctx context.Context, c *client.Client) error {
+		if _, err := c.ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{Data: data, Mode: machine.ApplyConfigurationRequest_NO_REBOOT}); err != nil {
+			return fmt.Errorf("apply the patched machine config: %w", err)
+		}
+		return nil
+	})
+	return err == nil, err
 }

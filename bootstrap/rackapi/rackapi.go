@@ -102,24 +102,35 @@ func (r *Rack) Connect(ctx context.Context, name string) (*client.Client, error)
 	return talosapi.Secure(ctx, r.Talosconfig, ep)
 }
 
-// Version asks the node for its Talos version; an error if it does not
-// answer within 15 s.
-func (r *Rack) Version(ctx context.Context, name string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+// Call connects to the node and runs f on the connection, all within
+// timeout.
+func (r *Rack) Call(ctx context.Context, name string, timeout time.Duration, f func(context.Context, *client.Client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := r.Connect(ctx, name)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer c.Close()
-	resp, err := c.Version(ctx)
-	if err != nil {
-		return "", err
-	}
-	for _, m := range resp.GetMessages() {
-		return m.GetVersion().GetTag(), nil
-	}
-	return "", errors.New("an empty version reply")
+	return f(ctx, c)
+}
+
+// Version asks the node for its Talos version; an error if it does not
+// answer within 15 s.
+func (r *Rack) Version(ctx context.Context, name string) (string, error) {
+	var v string
+	err := r.Call(ctx, name, 15*time.Second, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Version(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range resp.GetMessages() {
+			v = m.GetVersion().GetTag()
+			return nil
+		}
+		return errors.New("an empty version reply")
+	})
+	return v, err
 }
 
 // MachineState is what a node says of itself: its Talos version and its
@@ -132,27 +143,23 @@ type MachineState struct {
 // MachineState asks the node for its version and machine stage; an error if it
 // does not answer within 15 s.
 func (r *Rack) MachineState(ctx context.Context, name string) (MachineState, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return MachineState{}, err
-	}
-	defer c.Close()
-	v, err := c.Version(ctx)
-	if err != nil {
-		return MachineState{}, err
-	}
 	var ms MachineState
-	for _, m := range v.GetMessages() {
-		ms.Version = m.GetVersion().GetTag()
-	}
-	st, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
-	if err != nil {
-		return ms, fmt.Errorf("machine status: %w", err)
-	}
-	ms.Stage = st.TypedSpec().Stage
-	return ms, nil
+	err := r.Call(ctx, name, 15*time.Second, func(ctx context.Context, c *client.Client) error {
+		v, err := c.Version(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range v.GetMessages() {
+			ms.Version = m.GetVersion().GetTag()
+		}
+		st, err := safe.StateGetByID[*runtime.MachineStatus](ctx, c.COSI, runtime.MachineStatusID)
+		if err != nil {
+			return fmt.Errorf("machine status: %w", err)
+		}
+		ms.Stage = st.TypedSpec().Stage
+		return nil
+	})
+	return ms, err
 }
 
 // Kube is a client of the cluster through the bootstrap's kubeconfig.
@@ -244,44 +251,38 @@ func (r *Rack) Etcd(ctx context.Context) (Etcd, error) {
 }
 
 func (r *Rack) memberList(ctx context.Context, name string) (Etcd, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("etcd members: %w", err)
-	}
 	var out Etcd
-	for _, msg := range resp.GetMessages() {
-		for _, m := range msg.GetMembers() {
-			out = append(out, Member{Name: m.GetHostname(), ID: m.GetId(), Learner: m.GetIsLearner()})
+	err := r.Call(ctx, name, 15*time.Second, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.EtcdMemberList(ctx, &machine.EtcdMemberListRequest{})
+		if err != nil {
+			return fmt.Errorf("etcd members: %w", err)
 		}
-	}
-	return out, nil
+		for _, msg := range resp.GetMessages() {
+			for _, m := range msg.GetMembers() {
+				out = append(out, Member{Name: m.GetHostname(), ID: m.GetId(), Learner: m.GetIsLearner()})
+			}
+		}
+		return nil
+	})
+	return out, err
 }
 
 func (r *Rack) etcdHealthy(ctx context.Context, name string) bool {
 	if r.Endpoint(name) == "" {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	resp, err := c.EtcdStatus(ctx)
-	if err != nil {
-		return false
-	}
-	for _, msg := range resp.GetMessages() {
-		st := msg.GetMemberStatus()
-		return st.GetLeader() != 0 && len(st.GetErrors()) == 0
-	}
-	return false
+	healthy := false
+	_ = r.Call(ctx, name, 10*time.Second, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.EtcdStatus(ctx)
+		if err != nil {
+			return err
+		}
+		for _, msg := range resp.GetMessages() {
+			st := msg.GetMemberStatus()
+			healthy = st.GetLeader() != 0 && len(st.GetErrors()) == 0
+			break
+		}
+		return nil
+	})
+	return healthy
 }

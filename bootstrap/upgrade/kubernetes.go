@@ -12,6 +12,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/compatibility"
 	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
@@ -279,15 +280,10 @@ func prePull(ctx context.Context, o KubernetesOptions, nodes map[string]nodeConf
 }
 
 func pull(ctx context.Context, r *rackapi.Rack, name string, ns common.ContainerdNamespace, ref string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	//lint:ignore SA1019 Talos's upgrade-k8s calls the same (ImageService in Talos 1.13 is its successor); the emulated node serves this one
-	return c.ImagePull(ctx, ns, ref)
+	return r.Call(ctx, name, 10*time.Minute, func(ctx context.Context, c *client.Client) error {
+		//lint:ignore SA1019 Talos's upgrade-k8s calls the same (ImageService in Talos 1.13 is its successor); the emulated node serves this one
+		return c.ImagePull(ctx, ns, ref)
+	})
 }
 
 // upgradeComponent patches the component's image into the node's config
@@ -378,22 +374,22 @@ func notFound(err error) bool {
 // the pod's Ready condition.
 func staticPod(ctx context.Context, r *rackapi.Rack, node, component string) (image string, ready bool, err error) {
 	id := "kube-system/" + component + "-" + node
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := r.Connect(ctx, node)
+	var st map[string]any
+	err = r.Call(ctx, node, 15*time.Second, func(ctx context.Context, c *client.Client) error {
+		res, err := c.COSI.Get(ctx, resource.NewMetadata(k8s.NamespaceName, k8s.StaticPodStatusType, id, resource.VersionUndefined))
+		if err != nil {
+			return fmt.Errorf("static pod status %s: %w", id, err)
+		}
+		sp, ok := res.(*k8s.StaticPodStatus)
+		if !ok {
+			return fmt.Errorf("static pod status %s: the node sent a %T", id, res)
+		}
+		st = sp.TypedSpec().PodStatus
+		return nil
+	})
 	if err != nil {
 		return "", false, err
 	}
-	defer c.Close()
-	res, err := c.COSI.Get(ctx, resource.NewMetadata(k8s.NamespaceName, k8s.StaticPodStatusType, id, resource.VersionUndefined))
-	if err != nil {
-		return "", false, fmt.Errorf("static pod status %s: %w", id, err)
-	}
-	sp, ok := res.(*k8s.StaticPodStatus)
-	if !ok {
-		return "", false, fmt.Errorf("static pod status %s: the node sent a %T", id, res)
-	}
-	st := sp.TypedSpec().PodStatus
 	if cs, ok := st["containerStatuses"].([]any); ok && len(cs) > 0 {
 		if c, ok := cs[0].(map[string]any); ok {
 			image, _ = c["image"].(string)

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"golang.org/x/mod/semver"
 	corev1 "k8s.io/api/core/v1"
@@ -240,21 +241,16 @@ func upgradeNode(ctx context.Context, o Options, name, image, target string) (st
 }
 
 func request(ctx context.Context, r *rackapi.Rack, name, image string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	c, err := r.Connect(ctx, name)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	// Talos's MachineService.Upgrade: deprecated since Talos 1.13 for
-	// LifecycleService (install, then a Reboot), removed in 1.18; the
-	// emulated node serves this one. Moving over is still to do.
-	//lint:ignore SA1019 the emulated node and Talos up to 1.17 serve it
-	if _, err := c.Upgrade(ctx, image, false, false); err != nil {
-		return fmt.Errorf("upgrade to %s: %w", image, err)
-	}
-	return nil
+	return r.Call(ctx, name, time.Minute, func(ctx context.Context, c *client.Client) error {
+		// Talos's MachineService.Upgrade: deprecated since Talos 1.13 for
+		// LifecycleService (install, then a Reboot), removed in 1.18; the
+		// emulated node serves this one. Moving over is still to do.
+		//lint:ignore SA1019 the emulated node and Talos up to 1.17 serve it
+		if _, err := c.Upgrade(ctx, image, false, false); err != nil {
+			return fmt.Errorf("upgrade to %s: %w", image, err)
+		}
+		return nil
+	})
 }
 
 // etcdWhole is etcd's voting members, once every member is healthy and

@@ -21,11 +21,7 @@ func newUpgradeCommand(g *Globals) *cobra.Command {
 }
 
 func newUpgradeTalosCommand(g *Globals) *cobra.Command {
-	var (
-		f    rackFlags
-		o    upgrade.Options
-		port int
-	)
+	var f upgradeFlags
 	cmd := &cobra.Command{
 		Use:   "talos",
 		Short: "Upgrade every node to the rack's talos.version, control planes first, one at a time",
@@ -50,15 +46,11 @@ again. --dry-run prints the plan.`,
 		Example: "  cozyctl upgrade talos --rack rack.yaml --dry-run\n  cozyctl upgrade talos --rack rack.yaml --version v1.13.1",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := rack.Load(f.rackFile)
+			r, err := f.open()
 			if err != nil {
 				return err
 			}
-			if o.Rack, err = rackapi.Open(r, defaultStateDir(f.stateDir, f.rackFile, r), port); err != nil {
-				return err
-			}
-			o.Log = g.Logger()
-			res, err := upgrade.Talos(cmd.Context(), o)
+			res, err := upgrade.Talos(cmd.Context(), upgrade.Options{Rack: r, Version: f.version, DryRun: f.dryRun, Timeout: f.timeout, Log: g.Logger()})
 			if len(res.Nodes) > 0 {
 				if perr := g.Print(upgradeTable(res)); perr != nil && err == nil {
 					err = perr
@@ -67,14 +59,38 @@ again. --dry-run prints the plan.`,
 			return err
 		},
 	}
-	f.register(cmd)
-	fl := cmd.Flags()
-	fl.StringVar(&o.Version, "version", "", "the version to upgrade to: must be the rack's talos.version (default: that)")
-	fl.BoolVar(&o.DryRun, "dry-run", false, "print the plan; change nothing")
-	fl.DurationVar(&o.Timeout, "timeout", 15*time.Minute, "bound on the wait for each node")
-	fl.IntVar(&port, "talos-port", 50000, "the Talos API port on the nodes")
-	_ = fl.MarkHidden("talos-port")
+	f.register(cmd, "talos.version", "node", 15*time.Minute)
 	return cmd
+}
+
+// upgradeFlags are what both upgrades take.
+type upgradeFlags struct {
+	rackFlags
+	version string
+	dryRun  bool
+	timeout time.Duration
+	port    int
+}
+
+// register adds the flags; field is the rack's version field, step what
+// --timeout bounds the wait for.
+func (f *upgradeFlags) register(cmd *cobra.Command, field, step string, timeout time.Duration) {
+	f.rackFlags.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.version, "version", "", "the version to upgrade to: must be the rack's "+field+" (default: that)")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan; change nothing")
+	fl.DurationVar(&f.timeout, "timeout", timeout, "bound on the wait for each "+step)
+	fl.IntVar(&f.port, "talos-port", 50000, "the Talos API port on the nodes")
+	_ = fl.MarkHidden("talos-port")
+}
+
+// open reads the rack file and opens its bootstrapped rack.
+func (f *upgradeFlags) open() (*rackapi.Rack, error) {
+	r, err := rack.Load(f.rackFile)
+	if err != nil {
+		return nil, err
+	}
+	return rackapi.Open(r, defaultStateDir(f.stateDir, f.rackFile, r), f.port)
 }
 
 type upgradeTable upgrade.Result
@@ -98,11 +114,7 @@ func (t upgradeTable) Rows() [][]string {
 var _ output.Tabular = upgradeTable{}
 
 func newUpgradeKubernetesCommand(g *Globals) *cobra.Command {
-	var (
-		f    rackFlags
-		o    upgrade.KubernetesOptions
-		port int
-	)
+	var f upgradeFlags
 	cmd := &cobra.Command{
 		Use:   "kubernetes",
 		Short: "Upgrade the control plane, kube-proxy and every kubelet to the rack's cluster.kubernetesVersion",
@@ -131,15 +143,11 @@ new version is waited for, not patched again. --dry-run prints the plan.`,
 		Example: "  cozyctl upgrade kubernetes --rack rack.yaml --dry-run\n  cozyctl upgrade kubernetes --rack rack.yaml --version v1.36.3",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := rack.Load(f.rackFile)
+			r, err := f.open()
 			if err != nil {
 				return err
 			}
-			if o.Rack, err = rackapi.Open(r, defaultStateDir(f.stateDir, f.rackFile, r), port); err != nil {
-				return err
-			}
-			o.Log = g.Logger()
-			res, err := upgrade.Kubernetes(cmd.Context(), o)
+			res, err := upgrade.Kubernetes(cmd.Context(), upgrade.KubernetesOptions{Rack: r, Version: f.version, DryRun: f.dryRun, Timeout: f.timeout, Log: g.Logger()})
 			if len(res.Steps) > 0 {
 				if perr := g.Print(kubernetesTable(res)); perr != nil && err == nil {
 					err = perr
@@ -148,13 +156,7 @@ new version is waited for, not patched again. --dry-run prints the plan.`,
 			return err
 		},
 	}
-	f.register(cmd)
-	fl := cmd.Flags()
-	fl.StringVar(&o.Version, "version", "", "the version to upgrade to: must be the rack's cluster.kubernetesVersion (default: that)")
-	fl.BoolVar(&o.DryRun, "dry-run", false, "print the plan; change nothing")
-	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on the wait for each component")
-	fl.IntVar(&port, "talos-port", 50000, "the Talos API port on the nodes")
-	_ = fl.MarkHidden("talos-port")
+	f.register(cmd, "cluster.kubernetesVersion", "component", 10*time.Minute)
 	return cmd
 }
 

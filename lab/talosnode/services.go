@@ -103,18 +103,7 @@ func (n *Node) startNodeServices(ctx context.Context, wg *sync.WaitGroup, mc con
 	}
 
 	// kubelet.
-	nodeIP, err := kubeletNodeIP(mc, c.Address)
-	if err != nil {
-		return err
-	}
-	cgroupRoot := "/"
-	if c.Platform == PlatformContainer {
-		cgroupRoot = nodeCgroup(c.Hostname)
-	}
-	if err := writeKubeletFiles(mc, hostname, c.Platform, cgroupRoot); err != nil {
-		return fmt.Errorf("kubelet files: %w", err)
-	}
-	args, err := kubeletArgs(mc, hostname, nodeIP)
+	bin, args, err := n.kubeletSpec(mc, hostname)
 	if err != nil {
 		return err
 	}
@@ -129,7 +118,7 @@ func (n *Node) startNodeServices(ctx context.Context, wg *sync.WaitGroup, mc con
 	if err := waitClusterAPI(ctx, mc); err != nil {
 		return err
 	}
-	kubelet := newProgram(c.kubeBinary("kubelet", mc.Machine().Kubelet().Image()), args)
+	kubelet := newProgram(bin, args)
 	n.mu.Lock()
 	n.kubelet = kubelet
 	n.mu.Unlock()
@@ -153,27 +142,35 @@ func (n *Node) reconfigureKubelet(mc config.Config, hostname string) error {
 	if kubelet == nil {
 		return nil
 	}
+	bin, args, err := n.kubeletSpec(mc, hostname)
+	if err != nil {
+		return err
+	}
+	if kubelet.set(bin, args) {
+		n.log.Info("restarting with the new machine config", "process", "kubelet", "binary", bin)
+	}
+	return nil
+}
+
+// kubeletSpec writes the kubelet's files for mc and returns its binary
+// (of the version machine.kubelet.image names) and flags.
+func (n *Node) kubeletSpec(mc config.Config, hostname string) (bin string, args []string, err error) {
 	c := n.cfg
 	nodeIP, err := kubeletNodeIP(mc, c.Address)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	cgroupRoot := "/"
 	if c.Platform == PlatformContainer {
 		cgroupRoot = nodeCgroup(c.Hostname)
 	}
 	if err := writeKubeletFiles(mc, hostname, c.Platform, cgroupRoot); err != nil {
-		return fmt.Errorf("kubelet files: %w", err)
+		return "", nil, fmt.Errorf("kubelet files: %w", err)
 	}
-	args, err := kubeletArgs(mc, hostname, nodeIP)
-	if err != nil {
-		return err
+	if args, err = kubeletArgs(mc, hostname, nodeIP); err != nil {
+		return "", nil, err
 	}
-	bin := c.kubeBinary("kubelet", mc.Machine().Kubelet().Image())
-	if kubelet.set(bin, args) {
-		n.log.Info("restarting with the new machine config", "process", "kubelet", "binary", bin)
-	}
-	return nil
+	return c.kubeBinary("kubelet", mc.Machine().Kubelet().Image()), args, nil
 }
 
 // pathOf is a PATH holding the directories of the given binaries, then
