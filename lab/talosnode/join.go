@@ -31,7 +31,16 @@ const joinRetry = 2 * time.Second
 // starts once the local etcd answers. It tries until ctx ends.
 func (n *Node) joinEtcd(ctx context.Context, mc config.Config, hostname string) {
 	pki := controlPlaneFiles{filepath.Join(n.cfg.StateDir, PKIDir)}
+	// Under the node's lock, as Bootstrap writes the same files under it:
+	// written at once by both, etcd got one's certificate with the
+	// other's key ("tls: private key does not match public key").
+	n.mu.Lock()
+	if n.cp != nil {
+		n.mu.Unlock()
+		return
+	}
 	clientCert, err := writePKI(pki, n.cfg, mc, hostname)
+	n.mu.Unlock()
 	if err != nil {
 		n.log.Error("join etcd: control plane certificates", "err", err)
 		return

@@ -13,19 +13,26 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"time"
 
 	"github.com/mdlayher/packet"
 	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // vipLeaseTTL is the etcd lease (seconds) behind a VIP: when its holder
 // dies, another control plane takes the VIP over within this time; when
-// it lets go (a reboot, a shutdown), within vipLook.
+// it lets go (a reboot, a shutdown), as soon as the others, watching its
+// key in etcd, see it deleted.
 const (
 	vipLeaseTTL = 10
 	vipLook     = 200 * time.Millisecond
+	// vipWatch bounds a wait for the VIP's holder to let go: then the key
+	// is read again.
+	vipWatch = 5 * time.Second
 )
 
 // layer2VIP is the shared address of the config's Layer2VIPConfig, if any.
@@ -55,19 +62,15 @@ func (n *Node) runVIP(ctx context.Context, vip netip.Addr, hostname string) {
 			n.log.Debug("vip: election", "vip", vip, "err", err)
 		}
 		v.release()
-		// Another holder: look again soon, so that the VIP moves within a
-		// fraction of a second when its holder lets go (a look is one
-		// read); an error: back off.
-		// Resigned: long enough for the others, which look every
-		// vipLook, to take it.
-		wait := 2 * time.Second
-		if errors.Is(err, errNotLeader) {
-			wait = vipLook
-		}
-		select {
-		case <-ctx.Done():
+		// Another holder: wait for it to let go, as Talos's election
+		// observes the key, so that the VIP moves as soon as it is free.
+		// Resigned: long enough for the others to take it. An error:
+		// back off.
+		switch {
+		case errors.Is(err, errNotLeader):
+			v.waitFree(ctx, vipWatch)
+		case !sleep(ctx, 2*time.Second):
 			return
-		case <-time.After(wait):
 		}
 	}
 }
@@ -77,12 +80,43 @@ var (
 	errResigned  = errors.New("let the VIP go")
 )
 
+// waitFree returns once the VIP's key is deleted after the revision
+// campaign saw it held (its holder let go, or its lease expired), after
+// at most max, or at once after vipLook if etcd cannot be watched.
+func (v *vipHolder) waitFree(ctx context.Context, max time.Duration) {
+	v.node.mu.Lock()
+	cp := v.node.cp
+	v.node.mu.Unlock()
+	if cp == nil || v.seen == 0 {
+		sleep(ctx, vipLook)
+		return
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{cp.etcdURL}, TLS: cp.etcdTLS, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		sleep(ctx, vipLook)
+		return
+	}
+	defer c.Close()
+	wctx, cancel := context.WithTimeout(ctx, max)
+	defer cancel()
+	for resp := range c.Watch(wctx, v.key, clientv3.WithRev(v.seen+1), clientv3.WithFilterPut()) {
+		if resp.Err() != nil {
+			sleep(ctx, vipLook)
+			return
+		}
+		if len(resp.Events) > 0 {
+			return
+		}
+	}
+}
+
 type vipHolder struct {
 	node     *Node
 	vip      netip.Addr
 	key      string
 	hostname string
 	link     string // set while the address is on it
+	seen     int64  // etcd's revision when campaign last found the key held
 }
 
 // campaign wins the key once it is free and holds the VIP until the lease
@@ -95,11 +129,15 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 		return errNotLeader // no local etcd (yet)
 	}
 	key := base64.StdEncoding.EncodeToString([]byte(v.key))
-	var held struct{ Count string }
+	var held struct {
+		Count  string
+		Header struct{ Revision string }
+	}
 	if err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/kv/range", map[string]any{"key": key, "count_only": true}, &held); err != nil {
 		return err
 	}
 	if held.Count != "" && held.Count != "0" {
+		v.seen, _ = strconv.ParseInt(held.Header.Revision, 10, 64)
 		return errNotLeader
 	}
 	var lease struct{ ID string }
