@@ -103,8 +103,15 @@ func TestEtcdSnapshotRestore(t *testing.T) {
 		!strings.Contains(stderr, "is not a usable etcd snapshot") {
 		t.Errorf("restore from a corrupt snapshot: %v\n%s", err, stderr)
 	}
+	// A dry run makes the checks and names what would be wiped.
+	out, stderr, err = cozy("etcd", "restore", "--from", snap, "--wipe-etcd", "--dry-run")
+	var plan etcdbackup.Restored
+	if err != nil || json.Unmarshal([]byte(out), &plan) != nil || !plan.DryRun || plan.Node != "cp1" ||
+		strings.Join(plan.Wiped, ",") != "cp1,cp2,cp3" || plan.Status.Revision != saved.Revision {
+		t.Errorf("restore --dry-run: %+v, %v\n%s", plan, err, stderr)
+	}
 	if !exists("after") {
-		t.Fatal("a refused restore lost data")
+		t.Fatal("a refused restore, or a dry run, lost data")
 	}
 
 	// cp3 is lost: powered off for good. A restore needs every control
@@ -188,6 +195,12 @@ func TestEtcdScheduledBackups(t *testing.T) {
 		}
 		return res
 	}
+	if plan := run("--dry-run"); !plan.Due || !plan.DryRun || plan.Taken != nil {
+		t.Errorf("a dry run with no snapshot yet: %+v, want due, nothing taken", plan)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a dry run made %s: %v", dir, err)
+	}
 	first := run()
 	if first.Taken == nil || len(first.Kept) != 1 || first.Taken.Revision <= 0 {
 		t.Fatalf("first run: %+v, want a snapshot taken", first)
@@ -199,6 +212,9 @@ func TestEtcdScheduledBackups(t *testing.T) {
 		t.Errorf("a second run within the hour: %+v, want nothing taken, next %s", again, first.Next)
 	}
 	run("--force")
+	if plan := run("--dry-run", "--force"); !plan.Due || plan.Taken != nil || len(plan.Pruned) != 1 || plan.Pruned[0].File != first.Taken.File {
+		t.Errorf("a forced dry run at keep 2 with two: %+v, want the first named for deletion, nothing done", plan)
+	}
 	last := run("--force")
 	if last.Taken == nil || len(last.Kept) != 2 || len(last.Pruned) != 1 || last.Pruned[0].File != first.Taken.File {
 		t.Errorf("keep 2 after three: %+v, want the first pruned", last)

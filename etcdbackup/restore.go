@@ -44,6 +44,9 @@ type RestoreOptions struct {
 	// Timeout bounds each wait: a node back after its reset, every control
 	// plane a member again, the Kubernetes API answering (default 10m).
 	Timeout time.Duration
+	// DryRun makes every check and returns the plan (the node, what would
+	// be wiped), changing nothing.
+	DryRun bool
 }
 
 // Restored is what a restore did.
@@ -59,6 +62,7 @@ type Restored struct {
 	Took    time.Duration `json:"took"`
 	// Status is the snapshot's, as etcd's snapshot package read it.
 	Status Status `json:"snapshot"`
+	DryRun bool   `json:"dryRun,omitempty"`
 }
 
 // ErrEtcdRunning is what Restore returns, before it has changed
@@ -114,10 +118,17 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 			return res, fmt.Errorf("%w on %s: a restore replaces the cluster's data with the snapshot's (revision %d); run again with --wipe-etcd to wipe their etcd data first",
 				ErrEtcdRunning, strings.Join(names(live), ", "), st.Revision)
 		}
+		res.Wiped = names(live)
+	}
+	if o.DryRun {
+		res.DryRun = true
+		res.Members = names(present)
+		return res, nil
+	}
+	if len(live) > 0 {
 		if err := wipeEtcd(ctx, o, tc, live); err != nil {
 			return res, err
 		}
-		res.Wiped = names(live)
 	}
 	if err := recoverOn(ctx, o, tc, target); err != nil {
 		return res, err

@@ -29,6 +29,11 @@ type Backup struct {
 
 // Scheduled is what one scheduled run did.
 type Scheduled struct {
+	// Due says a snapshot was due (or forced).
+	Due bool `json:"due"`
+	// DryRun: nothing was taken or deleted; Pruned are the snapshots the
+	// run would delete.
+	DryRun bool `json:"dryRun,omitempty"`
 	// Taken is the snapshot this run took; nil when none was due.
 	Taken *Saved `json:"taken,omitempty"`
 	// Next is when the next one is due.
@@ -43,30 +48,44 @@ type Scheduled struct {
 // is none) or when force is set, then deletes the oldest beyond `keep`.
 // Only files named as this function names them are counted or deleted.
 // Run from cron or a systemd timer, or in a loop (`cozyctl etcd backup
-// --watch`): a run with nothing due takes nothing.
-func RunScheduled(ctx context.Context, o Options, force bool, now time.Time) (Scheduled, error) {
+// --watch`): a run with nothing due takes nothing. A dry run says whether
+// one is due and what would be deleted, and changes nothing.
+func RunScheduled(ctx context.Context, o Options, force, dryRun bool, now time.Time) (Scheduled, error) {
 	o = o.withDefaults()
 	pol := o.Rack.Etcd.Backups
+	pol.Keep = max(pol.Keep, 1) // Load defaults and checks it
 	every := pol.Interval()
 	if every == 0 {
 		return Scheduled{}, errors.New("the rack has no etcd.backups.every: set a schedule there (etcd: {backups: {every: 6h, keep: 7}}), or take one snapshot with `cozyctl etcd snapshot`")
 	}
 	dir := filepath.Join(o.StateDir, BackupDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Scheduled{}, err
+	if !dryRun {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return Scheduled{}, err
+		}
 	}
 	prefix := o.Rack.Metadata.Name + "-"
 	have, err := listBackups(dir, prefix)
 	if err != nil {
 		return Scheduled{}, err
 	}
-	var res Scheduled
-	if force || due(have, every, now) {
-		at := now.UTC().Truncate(time.Millisecond) // as the name holds it
-		file := filepath.Join(dir, prefix+at.Format(backupTime)+".db")
+	res := Scheduled{Due: force || due(have, every, now), DryRun: dryRun}
+	at := now.UTC().Truncate(time.Millisecond) // as the name holds it
+	file := filepath.Join(dir, prefix+at.Format(backupTime)+".db")
+	switch {
+	case res.Due && dryRun:
+		res.Kept, res.Pruned = prune(append(have, Backup{File: file, Taken: at}), pol.Keep)
+		res.Kept = res.Kept[:len(res.Kept)-1] // not taken
+		res.Next = now
+		return res, nil
+	case dryRun:
+		res.Kept, res.Pruned = prune(have, pol.Keep)
+		res.Next = res.Kept[len(res.Kept)-1].Taken.Add(every)
+		return res, nil
+	case res.Due:
 		saved, err := Save(ctx, o, file)
 		if err != nil {
-			return Scheduled{Kept: have, Next: now}, err
+			return Scheduled{Due: true, Kept: have, Next: now}, err
 		}
 		res.Taken = &saved
 		have = append(have, Backup{File: file, Taken: at})
@@ -88,6 +107,9 @@ func RunScheduled(ctx context.Context, o Options, force bool, now time.Time) (Sc
 // listBackups lists the scheduled snapshots in dir, oldest first.
 func listBackups(dir, prefix string) ([]Backup, error) {
 	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // none yet
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -60,7 +60,7 @@ func TestScheduledBackups(t *testing.T) {
 }
 
 func TestScheduledNeedsASchedule(t *testing.T) {
-	_, err := RunScheduled(context.Background(), Options{Rack: &rack.Rack{}, StateDir: t.TempDir()}, false, time.Now())
+	_, err := RunScheduled(context.Background(), Options{Rack: &rack.Rack{}, StateDir: t.TempDir()}, false, false, time.Now())
 	if err == nil || !strings.Contains(err.Error(), "the rack has no etcd.backups.every") {
 		t.Errorf("no schedule: %v", err)
 	}

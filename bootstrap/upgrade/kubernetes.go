@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -219,7 +220,7 @@ func plan(r *rack.Rack, nodes map[string]nodeConfig, target string) []ComponentS
 		}
 		steps = append(steps, s)
 	}
-	for _, comp := range append(staticPods, KubeProxy) {
+	for _, comp := range slices.Concat(staticPods, []string{KubeProxy}) {
 		for _, n := range cps {
 			add(n, comp)
 		}
@@ -255,7 +256,7 @@ func withTag(image, tag string) string {
 func prePull(ctx context.Context, o KubernetesOptions, nodes map[string]nodeConfig, target string) error {
 	for _, name := range order(o.Rack.Rack) {
 		n := nodes[name]
-		for _, comp := range append(staticPods, Kubelet) {
+		for _, comp := range slices.Concat(staticPods, []string{Kubelet}) {
 			image, ok := n.images[comp]
 			if !ok || tagOf(image) == target {
 				continue

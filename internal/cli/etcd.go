@@ -93,8 +93,8 @@ failed or corrupt download leaves --out as it was.`,
 
 func newEtcdBackupCommand(g *Globals) *cobra.Command {
 	var (
-		f            rackFlags
-		force, watch bool
+		f                    rackFlags
+		force, watch, dryRun bool
 	)
 	cmd := &cobra.Command{
 		Use:   "backup",
@@ -109,7 +109,8 @@ other files in the directory are left alone.
 Run it from cron or a systemd timer as often as you like: a run with
 nothing due takes nothing. --watch runs it in the foreground, waking when
 the next one is due (after a failure, within a minute), until interrupted.
---force takes one now.`,
+--force takes one now. --dry-run says whether one is due and which would
+be deleted.`,
 		Example: "  cozyctl etcd backup --rack rack.yaml            # from cron, e.g. every 10 minutes\n  cozyctl etcd backup --rack rack.yaml --watch    # as a service",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -119,12 +120,12 @@ the next one is due (after a failure, within a minute), until interrupted.
 			}
 			ctx := cmd.Context()
 			for {
-				res, err := etcdbackup.RunScheduled(ctx, o, force, time.Now())
+				res, err := etcdbackup.RunScheduled(ctx, o, force, dryRun, time.Now())
 				force = false
 				if err == nil {
 					err = g.Print(scheduledTable(res))
 				}
-				if !watch || ctx.Err() != nil {
+				if !watch || dryRun || ctx.Err() != nil {
 					return err
 				}
 				wait := time.Until(res.Next)
@@ -143,6 +144,7 @@ the next one is due (after a failure, within a minute), until interrupted.
 	f.register(cmd)
 	cmd.Flags().BoolVar(&force, "force", false, "take a snapshot now, due or not (then keep the newest, as scheduled)")
 	cmd.Flags().BoolVar(&watch, "watch", false, "keep running: take each snapshot when it is due")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say whether a snapshot is due and which would be deleted; change nothing")
 	return cmd
 }
 
@@ -185,7 +187,8 @@ func newEtcdRestoreCommand(g *Globals) *cobra.Command {
      them to be members and for the Kubernetes API to answer.
 
 Everything written to the cluster after the snapshot is lost. A restore cut
-short is run again with the same flags.`,
+short is run again with the same flags. --dry-run makes every check and
+prints the plan (the node, what would be wiped), changing nothing.`,
 		Example: "  cozyctl etcd restore --rack rack.yaml --from backups/etcd-2026-12-01.db --wipe-etcd",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -205,6 +208,7 @@ short is run again with the same flags.`,
 	fl.StringVar(&o.From, "from", "", "the snapshot file (required)")
 	fl.BoolVar(&o.WipeEtcd, "wipe-etcd", false, "wipe the etcd data of control planes where etcd runs, first")
 	fl.StringVar(&o.Node, "node", "", "the control plane to restore on (default: the first in the rack)")
+	fl.BoolVar(&o.DryRun, "dry-run", false, "make every check and print the plan; change nothing")
 	fl.StringSliceVar(&o.Lost, "lost", nil, "control planes gone for good: not asked, wiped or waited for (wipe them before they come back)")
 	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "bound on each wait: a node back after its reset, the members joined, the API answering")
 	fl.IntVar(&o.TalosPort, "talos-port", 50000, "the Talos API port on the nodes")
@@ -231,14 +235,18 @@ func (t restoredTable) Header() []string {
 }
 
 func (t restoredTable) Rows() [][]string {
+	took := t.Took.String()
+	if t.DryRun {
+		took = "- (dry run)"
+	}
 	return [][]string{{t.Node, dash(strings.Join(t.Wiped, ",")), dash(strings.Join(t.Lost, ",")), strings.Join(t.Members, ","),
-		strconv.FormatInt(t.Status.Revision, 10), strconv.Itoa(t.Status.TotalKeys), t.Took.String()}}
+		strconv.FormatInt(t.Status.Revision, 10), strconv.Itoa(t.Status.TotalKeys), took}}
 }
 
 type scheduledTable etcdbackup.Scheduled
 
 func (t scheduledTable) Header() []string {
-	return []string{"TAKEN", "REVISION", "KEPT", "PRUNED", "NEXT"}
+	return []string{"DUE", "TAKEN", "REVISION", "KEPT", "PRUNED", "NEXT"}
 }
 
 func (t scheduledTable) Rows() [][]string {
@@ -246,7 +254,11 @@ func (t scheduledTable) Rows() [][]string {
 	if t.Taken != nil {
 		taken, rev = filepath.Base(t.Taken.File), strconv.FormatInt(t.Taken.Revision, 10)
 	}
-	return [][]string{{taken, rev, strconv.Itoa(len(t.Kept)), strconv.Itoa(len(t.Pruned)), t.Next.UTC().Format(time.RFC3339)}}
+	due := strconv.FormatBool(t.Due)
+	if t.DryRun {
+		due += " (dry run)"
+	}
+	return [][]string{{due, taken, rev, strconv.Itoa(len(t.Kept)), strconv.Itoa(len(t.Pruned)), t.Next.UTC().Format(time.RFC3339)}}
 }
 
 var (

@@ -527,6 +527,12 @@ func superviseProgram(ctx context.Context, log *slog.Logger, spawn *spawner, nam
 	wait := 2 * time.Second
 	for {
 		started := time.Now()
+		// What it runs now is read below: a change signalled before
+		// this start is in it already.
+		select {
+		case <-p.changed:
+		default:
+		}
 		bin, args := p.get()
 		err := runOnce(ctx, spawn, name, bin, args, env, logPath, p.changed)
 		if ctx.Err() != nil {
