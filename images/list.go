@@ -15,6 +15,7 @@ package images
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -23,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chartutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -37,6 +39,7 @@ import (
 	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
+	"cozy.dev/cozy/platform/upstream"
 )
 
 // Image is one image the rack needs and what needs it.
@@ -68,9 +71,17 @@ func (l *List) Refs() []string {
 	return out
 }
 
-// ForRack lists the images rack r needs.
-func ForRack(r *rack.Rack) (*List, error) {
-	b := builder{needs: map[string][]string{}}
+// ChartMaker makes the upstream charts the platform installs, so that
+// their images can be read (upstream.Maker, from the Go module proxy).
+type ChartMaker interface {
+	Make(ctx context.Context, name, version string) (*upstream.Packaged, error)
+}
+
+// ForRack lists the images rack r needs. With charts, the upstream
+// charts Cozy can make are rendered too; those it cannot make, or all of
+// them without charts, are named in NotListed.
+func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker) (*List, error) {
+	b := builder{ctx: ctx, charts: charts, needs: map[string][]string{}}
 	if err := b.talos(r); err != nil {
 		return nil, err
 	}
@@ -81,6 +92,8 @@ func ForRack(r *rack.Rack) (*List, error) {
 }
 
 type builder struct {
+	ctx       context.Context
+	charts    ChartMaker
 	needs     map[string][]string // canonical ref -> needed by
 	notListed []string
 	err       error
@@ -186,21 +199,22 @@ func (b *builder) platform(r *rack.Rack) error {
 	if err != nil {
 		return err
 	}
-	sources := map[string]string{} // "Kind namespace/name" -> where it reads
+	sources := map[string]source{} // "Kind namespace/name" -> where it reads
 	for _, o := range objs {
-		url, _, _ := unstructured.NestedString(o.Object, "spec", "url")
-		if url == "" || !strings.HasPrefix(o.GetAPIVersion(), "source.toolkit.fluxcd.io/") {
+		src := source{}
+		src.url, _, _ = unstructured.NestedString(o.Object, "spec", "url")
+		if src.url == "" || !strings.HasPrefix(o.GetAPIVersion(), "source.toolkit.fluxcd.io/") {
 			continue
 		}
 		if ref, ok, _ := unstructured.NestedStringMap(o.Object, "spec", "ref"); ok {
 			for _, k := range []string{"tag", "semver", "branch", "commit"} {
 				if ref[k] != "" {
-					url += " " + k + " " + ref[k]
+					src.refKind, src.ref = k, ref[k]
 					break
 				}
 			}
 		}
-		sources[o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName()] = url
+		sources[o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName()] = src
 	}
 	operator := false
 	for _, o := range objs {
@@ -212,12 +226,17 @@ func (b *builder) platform(r *rack.Rack) error {
 				return fmt.Errorf("%s: %w", o.File, err)
 			}
 			if !ok {
-				b.notListed = append(b.notListed, "platform "+component+": "+upstreamChart(o.Unstructured, sources))
+				err := b.upstream(o.Unstructured, sources, "platform "+component, func(container string) string {
+					return fmt.Sprintf("platform: %s (%s)", component, container)
+				})
+				if err != nil {
+					return fmt.Errorf("%s: %w", o.File, err)
+				}
 				continue
 			}
 			// Images of Cozy's own charts are named after the chart:
 			// "cozy-operator".
-			if err := b.renderChart(chart, o.Unstructured, func(string) string { return chart }); err != nil {
+			if err := b.ownChart(chart, o.Unstructured, func(string) string { return chart }); err != nil {
 				return fmt.Errorf("%s: %w", o.File, err)
 			}
 			operator = operator || chart == charts.CozyOperator
@@ -227,8 +246,8 @@ func (b *builder) platform(r *rack.Rack) error {
 			version, _, _ := unstructured.NestedString(o.Object, "spec", "version")
 			b.notListed = append(b.notListed, fmt.Sprintf("platform %s: %s %s %s (the Cluster API operator fetches its components)", component, o.GetKind(), o.GetName(), version))
 		default:
-			for _, c := range containers(o.Object) {
-				b.add(c.image, fmt.Sprintf("platform: %s (%s)", component, c.name))
+			for _, c := range render.Containers(o.Object) {
+				b.add(c.Image, fmt.Sprintf("platform: %s (%s)", component, c.Name))
 			}
 		}
 	}
@@ -244,7 +263,7 @@ func (b *builder) platform(r *rack.Rack) error {
 // each tenant, with the images the operator defaults to (the platform
 // does not override them): rendered for a sample tenant with every
 // add-on on.
-func (b *builder) tenantAddons(own ownCharts, sources map[string]string) error {
+func (b *builder) tenantAddons(own ownCharts, sources map[string]source) error {
 	tc := &v1.TenantCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: "sample", Namespace: "tenant-sample"},
 		Spec: v1.TenantClusterSpec{
@@ -269,20 +288,21 @@ func (b *builder) tenantAddons(own ownCharts, sources map[string]string) error {
 			if err != nil {
 				return fmt.Errorf("tenant add-on %s: %w", addon, err)
 			}
-			if !ok {
-				b.notListed = append(b.notListed, "tenant add-on "+addon+": "+upstreamChart(o, sources))
-				continue
-			}
-			err = b.renderChart(chart, o, func(container string) string {
+			neededBy := func(container string) string {
 				return fmt.Sprintf("tenant add-on: %s (%s)", addon, container)
-			})
+			}
+			if !ok {
+				err = b.upstream(o, sources, "tenant add-on "+addon, neededBy)
+			} else {
+				err = b.ownChart(chart, o, neededBy)
+			}
 			if err != nil {
 				return fmt.Errorf("tenant add-on %s: %w", addon, err)
 			}
 			continue
 		}
-		for _, c := range containers(o.Object) {
-			b.add(c.image, fmt.Sprintf("tenant add-on: %s (%s)", addon, c.name))
+		for _, c := range render.Containers(o.Object) {
+			b.add(c.Image, fmt.Sprintf("tenant add-on: %s (%s)", addon, c.Name))
 		}
 	}
 	return nil
@@ -315,9 +335,38 @@ func (c ownCharts) chart(hr *unstructured.Unstructured) (string, bool, error) {
 	return dir, true, nil
 }
 
-// renderChart renders Cozy's chart name with hr's values, as Flux would
+// ownChart renders Cozy's chart name with hr's values, as Flux would
 // install it, and adds the images of its pods.
-func (b *builder) renderChart(name string, hr *unstructured.Unstructured, neededBy func(container string) string) error {
+func (b *builder) ownChart(name string, hr *unstructured.Unstructured, neededBy func(container string) string) error {
+	c, err := render.LoadChart(name)
+	if err != nil {
+		return err
+	}
+	return b.renderChart(c, hr, render.Chart, neededBy)
+}
+
+// upstream renders the upstream chart hr installs, made by b.charts, and
+// adds its images; a chart that cannot be made is named in NotListed
+// (what: "platform networking") with the reason.
+func (b *builder) upstream(hr *unstructured.Unstructured, sources map[string]source, what string, neededBy func(container string) string) error {
+	desc := what + ": " + upstreamChart(hr, sources)
+	name, version := chartOf(hr, sources)
+	if _, ok := upstream.Unavailable[name]; ok || b.charts == nil {
+		b.notListed = append(b.notListed, desc)
+		return nil
+	}
+	p, err := b.charts.Make(b.ctx, name, version)
+	if err != nil {
+		b.notListed = append(b.notListed, desc+": "+err.Error())
+		return nil
+	}
+	return b.renderChart(p.Chart, hr, render.Template, neededBy)
+}
+
+// renderChart renders chart c with hr's values through renderer
+// (render.Chart for Cozy's charts, render.Template for upstream ones), as
+// Flux would install it, and adds the images of its pods.
+func (b *builder) renderChart(c *chart.Chart, hr *unstructured.Unstructured, renderer func(*chart.Chart, map[string]any, string, string, string) (map[string]string, error), neededBy func(container string) string) error {
 	values := map[string]any{}
 	if v, ok, _ := unstructured.NestedFieldNoCopy(hr.Object, "spec", "values"); ok {
 		// Values built in Go (the operator's) hold typed maps; a JSON
@@ -330,40 +379,72 @@ func (b *builder) renderChart(name string, hr *unstructured.Unstructured, needed
 			return err
 		}
 	}
-	c, err := render.LoadChart(name)
-	if err != nil {
-		return err
-	}
 	ns, _, _ := unstructured.NestedString(hr.Object, "spec", "targetNamespace")
 	release, _, _ := unstructured.NestedString(hr.Object, "spec", "releaseName")
-	files, err := render.Chart(c, values, cmp.Or(release, hr.GetName()), cmp.Or(ns, hr.GetNamespace()), "")
+	files, err := renderer(c, values, cmp.Or(release, hr.GetName()), cmp.Or(ns, hr.GetNamespace()), "")
 	if err != nil {
 		return err
 	}
 	for _, f := range slices.Sorted(maps.Keys(files)) {
 		objs, err := render.Decode([]byte(files[f]))
 		if err != nil {
-			return fmt.Errorf("chart %s, %s: %w", name, f, err)
+			return fmt.Errorf("chart %s, %s: %w", c.Name(), f, err)
 		}
 		for _, o := range objs {
-			for _, ct := range containers(o.Object) {
-				b.add(ct.image, neededBy(ct.name))
+			for _, ct := range render.Containers(o.Object) {
+				b.add(ct.Image, neededBy(ct.Name))
 			}
 		}
 	}
 	return nil
 }
 
+// source is where a Flux source reads: its URL and the ref it follows.
+type source struct{ url, refKind, ref string }
+
+func (s source) String() string {
+	if s.ref == "" {
+		return s.url
+	}
+	return s.url + " " + s.refKind + " " + s.ref
+}
+
+// sourceOf is the source a HelmRelease's sourceRef or chartRef names.
+func sourceOf(hr *unstructured.Unstructured, ref map[string]any, sources map[string]source) (source, bool) {
+	kind, _ := ref["kind"].(string)
+	name, _ := ref["name"].(string)
+	ns, _ := ref["namespace"].(string)
+	s, ok := sources[kind+" "+cmp.Or(ns, hr.GetNamespace())+"/"+name]
+	return s, ok
+}
+
+// chartOf is the name and version of the upstream chart hr installs: a
+// HelmRepository's chart and version; an OCIRepository's (chartRef) last
+// URL element and tag; a Git chart's folder name and the tag checked out.
+func chartOf(hr *unstructured.Unstructured, sources map[string]source) (name, version string) {
+	if ref, ok, _ := unstructured.NestedMap(hr.Object, "spec", "chartRef"); ok {
+		s, _ := sourceOf(hr, ref, sources)
+		return path.Base(s.url), s.ref
+	}
+	chart, _, _ := unstructured.NestedString(hr.Object, "spec", "chart", "spec", "chart")
+	version, _, _ = unstructured.NestedString(hr.Object, "spec", "chart", "spec", "version")
+	if version == "" {
+		ref, _, _ := unstructured.NestedMap(hr.Object, "spec", "chart", "spec", "sourceRef")
+		s, _ := sourceOf(hr, ref, sources)
+		version = s.ref
+	}
+	return path.Base(path.Clean(chart)), version
+}
+
 // upstreamChart describes the chart an upstream HelmRelease installs and
 // where its source reads it from (sources: see platform).
-func upstreamChart(hr *unstructured.Unstructured, sources map[string]string) string {
+func upstreamChart(hr *unstructured.Unstructured, sources map[string]source) string {
 	from := func(ref map[string]any) string {
+		if s, ok := sourceOf(hr, ref, sources); ok {
+			return s.String()
+		}
 		kind, _ := ref["kind"].(string)
 		name, _ := ref["name"].(string)
-		ns, _ := ref["namespace"].(string)
-		if url, ok := sources[kind+" "+cmp.Or(ns, hr.GetNamespace())+"/"+name]; ok {
-			return url
-		}
 		return kind + " " + name
 	}
 	if ref, ok, _ := unstructured.NestedMap(hr.Object, "spec", "chartRef"); ok {
@@ -377,40 +458,4 @@ func upstreamChart(hr *unstructured.Unstructured, sources map[string]string) str
 		s += " " + version
 	}
 	return s + " from " + from(ref)
-}
-
-type container struct{ name, image string }
-
-// containers finds the containers of every pod spec in an object (a Pod,
-// a workload's template, a CronJob's job template) by their place in it:
-// the lists named containers and initContainers.
-func containers(obj any) []container {
-	var out []container
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			for _, k := range slices.Sorted(maps.Keys(v)) {
-				if k == "containers" || k == "initContainers" {
-					if list, ok := v[k].([]any); ok {
-						for _, c := range list {
-							if m, ok := c.(map[string]any); ok {
-								if img, ok := m["image"].(string); ok {
-									name, _ := m["name"].(string)
-									out = append(out, container{name, img})
-								}
-							}
-						}
-					}
-				}
-				walk(v[k])
-			}
-		case []any:
-			for _, e := range v {
-				walk(e)
-			}
-		}
-	}
-	walk(obj)
-	return out
 }

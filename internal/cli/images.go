@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -13,7 +15,9 @@ import (
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/internal/cachedir"
 	"cozy.dev/cozy/internal/output"
+	"cozy.dev/cozy/platform/upstream"
 )
 
 func newImagesCommand(g *Globals) *cobra.Command {
@@ -30,14 +34,37 @@ REGISTRY/registry.k8s.io/pause:3.10.1 (docs/images.md).`,
 	return cmd
 }
 
-const notListedHelp = `Not listed yet: images that only upstream content names, since it cannot be
-fetched here to be read: the charts the platform installs from Helm, OCI and
-Git repositories (Cilium, Kube-OVN, cert-manager, MetalLB, Piraeus/LINSTOR,
-Kamaji, the Cluster API operator), the KubeVirt and CDI release manifests,
-the providers the Cluster API operator downloads, the tenants' Cilium and
-metrics-server charts, and Flux's own release manifest. Each is named in a warning on stderr. Nor are
+const notListedHelp = `The upstream charts Cozy can make from the Go modules their projects
+publish (Cilium, Kube-OVN, cert-manager, MetalLB, the Cluster API operator;
+docs/images.md) are fetched from the module proxy (--module-proxy, cached in
+$COZY_CACHE_DIR/modules, each module checked against the hash Cozy pins),
+made and rendered with the platform's values, and their images listed.
+
+Not listed yet: images that only other upstream content names: the charts
+no module carries (Kamaji, Piraeus/LINSTOR), the KubeVirt and CDI release
+manifests, the providers the Cluster API operator downloads, the tenants'
+metrics-server chart, Flux's own release manifest, and any chart whose
+module could not be fetched. Each is named in a warning on stderr. Nor are
 the images that depend on a tenant's Kubernetes version: its control plane
 (run by Kamaji) and its workers' disk image (imported by CDI).`
+
+// moduleProxyHelp is the --module-proxy flag's help.
+const moduleProxyHelp = "Go module proxy the upstream charts' modules come from (default: $GOPROXY, else " + upstream.DefaultProxy + "); off: make no chart, list them as not listed"
+
+// chartMaker makes upstream charts from the module proxy (flag
+// --module-proxy), or none with "off".
+func chartMaker(proxy string) images.ChartMaker {
+	if proxy == "off" {
+		return nil
+	}
+	if proxy == "" {
+		proxy = os.Getenv("GOPROXY")
+	}
+	return upstream.Maker{Source: upstream.Source{
+		Proxies: upstream.Proxies(proxy),
+		Cache:   filepath.Join(cachedir.Dir(), "modules"),
+	}}
+}
 
 // loadRackOrExample loads --rack, or without it the example rack of
 // `cozyctl rack init`, saying so on stderr.
@@ -58,7 +85,7 @@ func loadRackOrExample(g *Globals, file string) (*rack.Rack, error) {
 }
 
 func newImagesListCommand(g *Globals) *cobra.Command {
-	var rackFile string
+	var rackFile, moduleProxy string
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Print every image the rack needs, one reference per line",
@@ -74,7 +101,8 @@ it, never from a hand-kept list:
   - the add-ons cozy-operator runs for each tenant, at the images it
     defaults to (cluster-autoscaler, KubeVirt CCM, the KubeVirt CSI driver
     and its sidecars, the CSI node chart's images);
-  - images the platform chart sets itself.
+  - images the platform chart sets itself;
+  - the images of the upstream charts Cozy can make (below).
 
 References are canonical (registry host always given, docker.io/library/
 spelt out), sorted, each once. The table is one reference per line, for
@@ -93,7 +121,7 @@ says so): its Talos and Kubernetes versions are the defaults.
 			if err != nil {
 				return err
 			}
-			l, err := images.ForRack(r)
+			l, err := images.ForRack(cmd.Context(), r, chartMaker(moduleProxy))
 			if err != nil {
 				return err
 			}
@@ -108,6 +136,7 @@ says so): its Talos and Kubernetes versions are the defaults.
 		},
 	}
 	cmd.Flags().StringVar(&rackFile, "rack", "", "the rack file (default: the example rack of `cozyctl rack init`)")
+	cmd.Flags().StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	return cmd
 }
@@ -130,7 +159,7 @@ var _ output.Tabular = mirrorTable{}
 // mirrorSource is where `images mirror` copies from (the layout in from,
 // else the upstream registries) and what: with a layout and no rack,
 // all of it; else what the rack (or the example rack) needs.
-func mirrorSource(g *Globals, from, rackFile string) (images.Source, []string, error) {
+func mirrorSource(ctx context.Context, g *Globals, from, rackFile string, charts images.ChartMaker) (images.Source, []string, error) {
 	var src images.Source = &images.Upstream{}
 	if from != "" {
 		l, err := images.OpenLayout(from)
@@ -147,7 +176,7 @@ func mirrorSource(g *Globals, from, rackFile string) (images.Source, []string, e
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := images.ForRack(r)
+	l, err := images.ForRack(ctx, r, charts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -176,6 +205,7 @@ func mirrorProgress(log *slog.Logger) func(images.Result) {
 func newImagesMirrorCommand(g *Globals) *cobra.Command {
 	var (
 		rackFile, to, from string
+		moduleProxy        string
 		fromUpstream       bool
 		insecure           bool
 	)
@@ -215,7 +245,7 @@ registry, 'cozyctl registry serve').`,
 			case strings.Contains(to, "://"):
 				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
 			}
-			src, refs, err := mirrorSource(g, from, rackFile)
+			src, refs, err := mirrorSource(cmd.Context(), g, from, rackFile, chartMaker(moduleProxy))
 			if err != nil {
 				return err
 			}
@@ -247,6 +277,7 @@ registry, 'cozyctl registry serve').`,
 	f.BoolVar(&fromUpstream, "from-upstream", false, "pull the images from their upstream registries")
 	f.StringVar(&rackFile, "rack", "", "copy only the images this rack needs (default: with --from, every image of the layout; with --from-upstream, the example rack's)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
+	f.StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
 	_ = cmd.MarkFlagRequired("to")
 	_ = cmd.MarkFlagDirname("from")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")

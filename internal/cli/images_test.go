@@ -109,7 +109,7 @@ func exampleRackFile(t *testing.T, dir string) string {
 
 func TestImagesList(t *testing.T) {
 	rackFile := exampleRackFile(t, t.TempDir())
-	out, stderr, code := run("images", "list", "--rack", rackFile, "-o", "json")
+	out, stderr, code := run("images", "list", "--rack", rackFile, "-o", "json", "--module-proxy", "off")
 	var list []images.Image
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) < 10 {
 		t.Fatalf("images list -o json: exit %d, %s\n%s", code, out, stderr)
@@ -121,7 +121,7 @@ func TestImagesList(t *testing.T) {
 			t.Errorf("%s: needed by nobody", img.Ref)
 		}
 	}
-	table, stderr, code := run("images", "list")
+	table, stderr, code := run("images", "list", "--module-proxy", "off")
 	if code != 0 || table != strings.Join(refs, "\n")+"\n" {
 		t.Errorf("images list (table, no --rack): exit %d, one reference per line expected:\n%s\nwant the references of -o json:\n%s", code, table, strings.Join(refs, "\n"))
 	}
@@ -142,7 +142,7 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 	}
 	dir := t.TempDir()
 	rackFile := exampleRackFile(t, dir)
-	out, _, code := run("images", "list", "--rack", rackFile, "-o", "json")
+	out, _, code := run("images", "list", "--rack", rackFile, "-o", "json", "--module-proxy", "off")
 	var list []images.Image
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
 		t.Fatalf("images list: exit %d, %s", code, out)
@@ -181,7 +181,7 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 	reg := serveRegistry(t, store)
 	mirror := func(extra ...string) ([]images.Result, string, int) {
 		t.Helper()
-		args := append([]string{"images", "mirror", "--rack", rackFile, "--from", lay, "--to", reg.addr, "-o", "json"}, extra...)
+		args := append([]string{"images", "mirror", "--rack", rackFile, "--from", lay, "--to", reg.addr, "-o", "json", "--module-proxy", "off"}, extra...)
 		out, stderr, code := run(args...)
 		var rs []images.Result
 		if err := json.Unmarshal([]byte(out), &rs); err != nil && code == 0 {

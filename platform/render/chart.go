@@ -53,6 +53,17 @@ func LoadChart(name string) (*chart.Chart, error) {
 // against the chart's values.schema.json first. The result maps each
 // template's path below templates/ to its non-empty output.
 func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersion string) (map[string]string, error) {
+	return renderChart(c, values, release, namespace, kubeVersion, true)
+}
+
+// Template renders an upstream chart as Chart does, but as `helm
+// template` and helm-controller do: a value a template reads and nobody
+// set is empty, not an error (Cozy's own charts are held to strict mode).
+func Template(c *chart.Chart, values map[string]any, release, namespace, kubeVersion string) (map[string]string, error) {
+	return renderChart(c, values, release, namespace, kubeVersion, false)
+}
+
+func renderChart(c *chart.Chart, values map[string]any, release, namespace, kubeVersion string, strict bool) (map[string]string, error) {
 	caps := chartutil.DefaultCapabilities.Copy()
 	if kubeVersion == "" {
 		kubeVersion = rack.DefaultKubernetesVersion
@@ -78,19 +89,21 @@ func Chart(c *chart.Chart, values map[string]any, release, namespace, kubeVersio
 	if err != nil {
 		return nil, fmt.Errorf("chart %s values: %w", c.Name(), err)
 	}
-	out, err := engine.Engine{Strict: true}.Render(c, top)
+	out, err := engine.Engine{Strict: strict}.Render(c, top)
 	if err != nil {
 		return nil, fmt.Errorf("render chart %s: %w", c.Name(), err)
 	}
+	// A subchart's templates are keyed charts/<sub>/templates/<file>.
 	prefix := c.Name() + "/templates/"
 	files := map[string]string{}
 	for name, text := range out {
-		if !strings.HasPrefix(name, prefix) || strings.TrimSpace(text) == "" {
-			continue // partials, NOTES.txt, disabled templates
+		rel, ok := strings.CutPrefix(name, prefix)
+		if !ok {
+			rel = strings.TrimPrefix(name, c.Name()+"/")
+			ok = strings.HasPrefix(rel, "charts/") && strings.Contains(rel, "/templates/")
 		}
-		rel := strings.TrimPrefix(name, prefix)
-		if path.Base(rel) == "NOTES.txt" {
-			continue
+		if !ok || strings.TrimSpace(text) == "" || path.Base(rel) == "NOTES.txt" {
+			continue // partials, NOTES.txt, disabled templates
 		}
 		files[rel] = text
 	}

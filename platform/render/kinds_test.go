@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 )
@@ -23,7 +24,7 @@ func TestUpstreamCustomResources(t *testing.T) {
 			kv := &kubevirtv1.KubeVirt{}
 			strict(t, o, kv)
 			gates := kv.Spec.Configuration.DeveloperConfiguration.FeatureGates
-			for _, want := range []string{"LiveMigration", "HotplugVolumes", "Snapshot"} {
+			for _, want := range []string{"DeclarativeHotplugVolumes", "Snapshot"} {
 				if !slices.Contains(gates, want) {
 					t.Errorf("KubeVirt feature gates %v lack %s", gates, want)
 				}
@@ -38,5 +39,49 @@ func TestUpstreamCustomResources(t *testing.T) {
 		if !seen[k] {
 			t.Errorf("no %s rendered", k)
 		}
+	}
+}
+
+// TestPiraeusTalosOverride: the satellite override for Talos has the
+// form the Piraeus operator documents in docs/how-to/talos.md, a
+// podTemplate (not the older patches list), removing what Talos lacks.
+func TestPiraeusTalosOverride(t *testing.T) {
+	objs, err := mustRender(t, exampleRack(t, "prod")).Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var talos map[string]any
+	for _, o := range objs {
+		if o.GetKind() != "HelmRelease" || o.GetName() != "linstor-cluster" {
+			continue
+		}
+		confs, _, _ := unstructured.NestedSlice(o.Object, "spec", "values", "linstorSatelliteConfigurations")
+		for _, c := range confs {
+			if m, _ := c.(map[string]any); m["name"] == "talos" {
+				talos = m
+			}
+		}
+	}
+	if talos == nil {
+		t.Fatal("no linstorSatelliteConfigurations entry named talos")
+	}
+	if _, ok := talos["patches"]; ok {
+		t.Error("the talos override uses patches; Piraeus documents podTemplate")
+	}
+	deleted := func(list string) []string {
+		items, _, _ := unstructured.NestedSlice(talos, "podTemplate", "spec", list)
+		var out []string
+		for _, it := range items {
+			if m, _ := it.(map[string]any); m["$patch"] == "delete" {
+				out = append(out, m["name"].(string))
+			}
+		}
+		return out
+	}
+	if got, want := deleted("initContainers"), []string{"drbd-shutdown-guard", "drbd-module-loader"}; !slices.Equal(got, want) {
+		t.Errorf("init containers deleted: %v, want %v", got, want)
+	}
+	if got, want := deleted("volumes"), []string{"run-systemd-system", "run-drbd-shutdown-guard", "systemd-bus-socket", "lib-modules", "usr-src"}; !slices.Equal(got, want) {
+		t.Errorf("volumes deleted: %v, want %v", got, want)
 	}
 }

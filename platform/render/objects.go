@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -65,4 +67,41 @@ func Decode(data []byte) ([]*unstructured.Unstructured, error) {
 		}
 		out = append(out, u)
 	}
+}
+
+// Container is one container of a pod spec in a rendered object.
+type Container struct{ Name, Image string }
+
+// Containers finds the containers of every pod spec in an object (a Pod,
+// a workload's template, a CronJob's job template) by their place in it:
+// the lists named containers and initContainers.
+func Containers(obj any) []Container {
+	var out []Container
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				if k == "containers" || k == "initContainers" {
+					if list, ok := v[k].([]any); ok {
+						for _, c := range list {
+							if m, ok := c.(map[string]any); ok {
+								if img, ok := m["image"].(string); ok {
+									name, _ := m["name"].(string)
+									out = append(out, Container{name, img})
+								}
+							}
+						}
+					}
+				}
+				walk(v[k])
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(obj)
+	return out
 }

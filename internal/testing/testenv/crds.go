@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/mod/module"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -280,4 +281,21 @@ func decodeCRDs(r io.Reader) ([]*apiextensionsv1.CustomResourceDefinition, error
 		}
 		crds = append(crds, crd)
 	}
+}
+
+// ModuleProxy downloads each module (as ModuleDir does, so the go
+// command checks it against the checksum database) and returns the go
+// command's download cache as a file:// module proxy URL, for code that
+// fetches module zips from a proxy (platform/upstream) to read offline.
+func ModuleProxy(ctx context.Context, mods ...module.Version) (string, error) {
+	for _, m := range mods {
+		if _, err := ModuleDir(ctx, m.Path, m.Version); err != nil {
+			return "", err
+		}
+	}
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+	}
+	return "file://" + filepath.Join(strings.TrimSpace(string(out)), "cache", "download"), nil
 }
