@@ -56,6 +56,10 @@ type Image struct {
 type List struct {
 	// Images, sorted by reference, each once.
 	Images []Image `json:"images"`
+	// Charts are the upstream charts Cozy made to read their images
+	// (only with a ChartMaker), sorted, each once: what `images mirror`
+	// pushes for the rack's platform.mirror.
+	Charts []Chart `json:"charts,omitempty"`
 	// NotListed names upstream content whose images are not in Images:
 	// "platform cert-manager: chart cert-manager 1.21.2 (HelmRepository
 	// cozy-cert-manager/jetstack)".
@@ -69,6 +73,13 @@ func (l *List) Refs() []string {
 		out[i] = img.Ref
 	}
 	return out
+}
+
+// Chart is an upstream chart the rack's platform installs.
+type Chart struct {
+	Name     string   `json:"name"`
+	Version  string   `json:"version"`
+	NeededBy []string `json:"neededBy"`
 }
 
 // ChartMaker makes the upstream charts the platform installs, so that
@@ -94,7 +105,8 @@ func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker) (*List, error
 type builder struct {
 	ctx       context.Context
 	charts    ChartMaker
-	needs     map[string][]string // canonical ref -> needed by
+	made      map[[2]string][]string // chart {name, version} -> needed by
+	needs     map[string][]string    // canonical ref -> needed by
 	notListed []string
 	err       error
 }
@@ -122,6 +134,13 @@ func (b *builder) list() (*List, error) {
 		needs := b.needs[ref]
 		slices.Sort(needs)
 		l.Images = append(l.Images, Image{Ref: ref, NeededBy: needs})
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(b.made), func(a, b [2]string) int {
+		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
+	}) {
+		needs := b.made[k]
+		slices.Sort(needs)
+		l.Charts = append(l.Charts, Chart{Name: k[0], Version: k[1], NeededBy: needs})
 	}
 	slices.Sort(b.notListed)
 	l.NotListed = slices.Compact(b.notListed)
@@ -359,6 +378,13 @@ func (b *builder) upstream(hr *unstructured.Unstructured, sources map[string]sou
 	if err != nil {
 		b.notListed = append(b.notListed, desc+": "+err.Error())
 		return nil
+	}
+	if b.made == nil {
+		b.made = map[[2]string][]string{}
+	}
+	k := [2]string{name, version}
+	if !slices.Contains(b.made[k], what) {
+		b.made[k] = append(b.made[k], what)
 	}
 	return b.renderChart(p.Chart, hr, render.Template, neededBy)
 }

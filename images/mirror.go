@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
@@ -42,6 +43,13 @@ type MirrorOptions struct {
 	Source Source
 	// Refs are the images, as `images list` gives them.
 	Refs []string
+	// Charts are Helm charts to push as OCI artifacts (ChartImage), each
+	// to REGISTRY/ChartPath/NAME:ChartTag(VERSION), where Flux reads them
+	// through the rack's platform.mirror.
+	Charts []MirrorChart
+	// ChartPath is the repository path the charts go under
+	// (DefaultChartPath if empty).
+	ChartPath string
 	// Jobs is how many images are copied at once (0: DefaultJobs).
 	Jobs int
 	// Transport carries the requests to the registry (nil:
@@ -52,10 +60,22 @@ type MirrorOptions struct {
 	Progress func(Result)
 }
 
-// Result is what became of one image.
+// MirrorChart is a chart to mirror.
+type MirrorChart struct {
+	Name, Version string
+	Image         v1.Image
+}
+
+// DefaultChartPath is where charts go in a registry without a rack's
+// platform.mirror to say.
+const DefaultChartPath = "charts"
+
+// Result is what became of one image or chart.
 type Result struct {
-	// Image is the upstream reference.
-	Image string `json:"image"`
+	// Image is the upstream reference; empty for a chart.
+	Image string `json:"image,omitempty"`
+	// Chart is "NAME VERSION" for a chart.
+	Chart string `json:"chart,omitempty"`
 	// Target is its name in the registry.
 	Target string `json:"target"`
 	Digest string `json:"digest,omitempty"`
@@ -76,19 +96,33 @@ func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	if _, err := name.NewRegistry(o.Registry, name.StrictValidation); err != nil || o.Registry == "" || strings.Contains(o.Registry, "/") {
 		return nil, fmt.Errorf("mirror: %q is not a registry HOST[:PORT]", o.Registry)
 	}
-	results := make([]Result, len(o.Refs))
+	if strings.Trim(cmp.Or(o.ChartPath, DefaultChartPath), "/") != cmp.Or(o.ChartPath, DefaultChartPath) {
+		return nil, fmt.Errorf("mirror: chart path %q: a repository path without leading or trailing /", o.ChartPath)
+	}
+	type job struct {
+		what Result // what it copies, for a run cancelled before its start
+		run  func() Result
+	}
+	jobs := make([]job, 0, len(o.Refs)+len(o.Charts))
+	for _, s := range o.Refs {
+		jobs = append(jobs, job{Result{Image: s}, func() Result { return mirrorImage(ctx, o, s) }})
+	}
+	for _, c := range o.Charts {
+		jobs = append(jobs, job{Result{Chart: c.Name + " " + c.Version}, func() Result { return mirrorChart(ctx, o, c) }})
+	}
+	results := make([]Result, len(jobs))
 	sem := make(chan struct{}, cmp.Or(o.Jobs, DefaultJobs))
 	var wg sync.WaitGroup
-	for i, s := range o.Refs {
+	for i, job := range jobs {
 		wg.Go(func() {
 			select {
 			case sem <- struct{}{}:
 				defer func() { <-sem }()
 			case <-ctx.Done():
-				results[i] = Result{Image: s, Status: StatusFailed, Error: ctx.Err().Error()}
+				results[i] = failed(job.what, ctx.Err())
 				return
 			}
-			results[i] = mirrorOne(ctx, o, s)
+			results[i] = job.run()
 			if o.Progress != nil {
 				o.Progress(results[i])
 			}
@@ -98,44 +132,70 @@ func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	var errs []error
 	for _, r := range results {
 		if r.Status == StatusFailed {
-			errs = append(errs, fmt.Errorf("%s: %s", r.Image, r.Error))
+			errs = append(errs, fmt.Errorf("%s: %s", r.What(), r.Error))
 		}
 	}
 	if len(errs) > 0 {
-		return results, fmt.Errorf("%d of %d images not mirrored into %s:\n%w", len(errs), len(results), o.Registry, errors.Join(errs...))
+		return results, fmt.Errorf("%d of %d not mirrored into %s:\n%w", len(errs), len(results), o.Registry, errors.Join(errs...))
 	}
 	return results, nil
 }
 
-func mirrorOne(ctx context.Context, o MirrorOptions, s string) Result {
-	res := Result{Image: s}
-	fail := func(err error) Result {
-		res.Status, res.Error = StatusFailed, err.Error()
-		return res
+// What names the image or chart: the image's reference, or "chart NAME VERSION".
+func (r Result) What() string {
+	if r.Chart != "" {
+		return "chart " + r.Chart
 	}
+	return r.Image
+}
+
+func mirrorImage(ctx context.Context, o MirrorOptions, s string) Result {
+	res := Result{Image: s}
 	ref, err := imageref.Parse(s)
 	if err != nil {
-		return fail(err)
+		return failed(res, err)
 	}
 	res.Image = ref.String()
 	target, err := ref.In(o.Registry)
 	if err != nil {
-		return fail(err)
+		return failed(res, err)
 	}
 	res.Target = target.String()
+	return copyArtifact(ctx, o, res, func() (*Artifact, error) { return o.Source.Get(ctx, ref) })
+}
+
+func mirrorChart(ctx context.Context, o MirrorOptions, c MirrorChart) Result {
+	res := Result{Chart: c.Name + " " + c.Version}
+	res.Target = o.Registry + "/" + cmp.Or(o.ChartPath, DefaultChartPath) + "/" + c.Name + ":" + ChartTag(c.Version)
+	return copyArtifact(ctx, o, res, func() (*Artifact, error) {
+		d, err := c.Image.Digest()
+		return &Artifact{Digest: d, Image: c.Image}, err
+	})
+}
+
+func failed(res Result, err error) Result {
+	res.Status, res.Error = StatusFailed, err.Error()
+	return res
+}
+
+// copyArtifact copies what get gives to res.Target, unless the registry
+// already has that digest there.
+func copyArtifact(ctx context.Context, o MirrorOptions, res Result, get func() (*Artifact, error)) Result {
+	fail := func(err error) Result { return failed(res, err) }
+	target := res.Target
 	var nameOpts []name.Option
 	if o.Insecure {
 		nameOpts = append(nameOpts, name.Insecure)
 	}
-	dst, err := name.ParseReference(target.String(), nameOpts...)
+	dst, err := name.ParseReference(target, nameOpts...)
 	if err != nil {
 		return fail(err)
 	}
 	if o.Progress != nil {
-		o.Progress(Result{Image: res.Image, Target: res.Target, Status: StatusCopying})
+		o.Progress(Result{Image: res.Image, Chart: res.Chart, Target: res.Target, Status: StatusCopying})
 	}
 
-	art, err := o.Source.Get(ctx, ref)
+	art, err := get()
 	if err != nil {
 		return fail(err)
 	}

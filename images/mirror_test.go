@@ -198,7 +198,7 @@ func TestMirrorMissingImage(t *testing.T) {
 		Registry: reg, Insecure: true, Source: src,
 		Refs: []string{"registry.k8s.io/etcd:v3.6.9", "registry.k8s.io/pause:3.10.1"},
 	})
-	if err == nil || !strings.Contains(err.Error(), "1 of 2 images not mirrored") ||
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 not mirrored") ||
 		!strings.Contains(err.Error(), "registry.k8s.io/etcd:v3.6.9: not found in OCI layout") {
 		t.Fatalf("Mirror = %v; want registry.k8s.io/etcd:v3.6.9 named as not found", err)
 	}

@@ -272,6 +272,12 @@ type Platform struct {
 	LoadBalancerPool []string `yaml:"loadBalancerPool,omitempty" json:"loadBalancerPool,omitempty"`
 	Storage          Storage  `yaml:"storage,omitempty" json:"storage,omitzero"`
 	Git              Git      `yaml:"git,omitempty" json:"git,omitzero"`
+	// Mirror is the OCI registry path the platform's upstream charts are
+	// read from instead of their Helm repositories:
+	// http://HOST[:PORT]/PATH (plain HTTP) or https://HOST[:PORT]/PATH
+	// (also written oci://). `cozyctl images mirror --rack` pushes the
+	// charts there. Empty: the charts' own repositories.
+	Mirror string `yaml:"mirror,omitempty" json:"mirror,omitempty"`
 	// Values are passed unchanged to the platform chart.
 	Values map[string]any `yaml:"values,omitempty" json:"values,omitempty"`
 }

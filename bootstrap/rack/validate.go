@@ -94,6 +94,11 @@ func (r *Rack) validate() []Problem {
 			add(errorf("etcd.backups.keep", "%d: keep at least 1 snapshot", b.Keep))
 		}
 	}
+	if pl.Mirror != "" {
+		if _, err := ParseChartMirror(pl.Mirror); err != nil {
+			add(errorf("platform.mirror", "%v", err))
+		}
+	}
 	if pl.Git.URL != "" {
 		if u, err := url.Parse(pl.Git.URL); err != nil || u.Scheme == "" || (u.Host == "" && u.Scheme != "file") {
 			add(errorf("platform.git.url", "%q is not a Git URL (https://, ssh:// or file://)", pl.Git.URL))

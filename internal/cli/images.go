@@ -144,46 +144,77 @@ says so): its Talos and Kubernetes versions are the defaults.
 // mirrorTable is what `images mirror` prints.
 type mirrorTable []images.Result
 
-func (t mirrorTable) Header() []string { return []string{"IMAGE", "IN THE REGISTRY", "STATUS"} }
+func (t mirrorTable) Header() []string {
+	return []string{"IMAGE OR CHART", "IN THE REGISTRY", "STATUS"}
+}
 
 func (t mirrorTable) Rows() [][]string {
 	rows := make([][]string, len(t))
 	for i, r := range t {
-		rows[i] = []string{r.Image, dash(r.Target), r.Status}
+		rows[i] = []string{r.What(), dash(r.Target), r.Status}
 	}
 	return rows
 }
 
 var _ output.Tabular = mirrorTable{}
 
-// mirrorSource is where `images mirror` copies from (the layout in from,
-// else the upstream registries) and what: with a layout and no rack,
-// all of it; else what the rack (or the example rack) needs.
-func mirrorSource(ctx context.Context, g *Globals, from, rackFile string, charts images.ChartMaker) (images.Source, []string, error) {
-	var src images.Source = &images.Upstream{}
+// mirrorPlan is what `images mirror` copies, and from where.
+type mirrorPlan struct {
+	src    images.Source
+	refs   []string
+	charts []images.MirrorChart
+	// chartPath is the rack's platform.mirror path ("" without one).
+	chartPath, chartHost string
+}
+
+// planMirror says what `images mirror` copies: with a layout (from) and
+// no rack, all of the layout; else the images the rack (or the example
+// rack) needs, from the layout or the upstream registries, and the
+// upstream charts Cozy makes for its platform.
+func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker images.ChartMaker) (*mirrorPlan, error) {
+	p := &mirrorPlan{src: &images.Upstream{}}
 	if from != "" {
 		l, err := images.OpenLayout(from)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if rackFile == "" {
 			// A bundle without a rack: all of it.
-			return l, l.Refs(), nil
+			return &mirrorPlan{src: l, refs: l.Refs()}, nil
 		}
-		src = l
+		p.src = l
 	}
 	r, err := loadRackOrExample(g, rackFile)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	l, err := images.ForRack(ctx, r, charts)
+	l, err := images.ForRack(ctx, r, maker)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for _, n := range l.NotListed {
 		g.Logger().Warn("images not listed, so not mirrored: upstream content", "source", n)
 	}
-	return src, l.Refs(), nil
+	p.refs = l.Refs()
+	if r.Platform.Mirror != "" {
+		m, err := rack.ParseChartMirror(r.Platform.Mirror)
+		if err != nil {
+			return nil, err
+		}
+		p.chartPath, p.chartHost = m.Path, m.Host
+	}
+	for _, c := range l.Charts {
+		made, err := maker.Make(ctx, c.Name, c.Version)
+		if err != nil {
+			return nil, err
+		}
+		img, err := images.ChartImage(made.Chart.Metadata, made.Archive)
+		if err != nil {
+			return nil, err
+		}
+		p.charts = append(p.charts, images.MirrorChart{Name: c.Name, Version: c.Version, Image: img})
+	}
+	return p, nil
 }
 
 // mirrorProgress logs each image's progress.
@@ -191,13 +222,13 @@ func mirrorProgress(log *slog.Logger) func(images.Result) {
 	return func(r images.Result) {
 		switch r.Status {
 		case images.StatusCopying:
-			log.Info("copying", "image", r.Image, "to", r.Target)
+			log.Info("copying", "image", r.What(), "to", r.Target)
 		case images.StatusCopied:
-			log.Info("copied", "image", r.Image, "digest", r.Digest)
+			log.Info("copied", "image", r.What(), "digest", r.Digest)
 		case images.StatusPresent:
-			log.Info("already in the registry", "image", r.Image, "digest", r.Digest)
+			log.Info("already in the registry", "image", r.What(), "digest", r.Digest)
 		case images.StatusFailed:
-			log.Error("failed", "image", r.Image, "error", r.Error)
+			log.Error("failed", "image", r.What(), "error", r.Error)
 		}
 	}
 }
@@ -233,6 +264,11 @@ missing and says so. Every image is tried; a missing image or a refused
 push fails the command at the end, naming each image and the registry's
 answer. Progress goes to stderr, the result table to stdout.
 
+With a rack (or the example rack), the upstream charts Cozy makes for its
+platform (see 'images list') are pushed too, as Helm's OCI artifacts, to
+REGISTRY/PATH/CHART:VERSION, PATH being the path of the rack's
+platform.mirror (charts without one), where Flux reads them.
+
 The registry is reached over HTTPS; --insecure allows plain HTTP (the lab's
 registry, 'cozyctl registry serve').`,
 		Example: `  cozyctl images mirror --rack rack.yaml --from ./images --to 10.0.0.1:5000 --insecure
@@ -245,20 +281,25 @@ registry, 'cozyctl registry serve').`,
 			case strings.Contains(to, "://"):
 				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
 			}
-			src, refs, err := mirrorSource(cmd.Context(), g, from, rackFile, chartMaker(moduleProxy))
+			p, err := planMirror(cmd.Context(), g, from, rackFile, chartMaker(moduleProxy))
 			if err != nil {
 				return err
 			}
 			log := g.Logger()
-			log.Info("mirroring", "images", len(refs), "from", src.String(), "to", to)
+			if p.chartHost != "" && p.chartHost != to {
+				log.Warn("the rack's platform.mirror names another registry: Flux will look for the charts there", "platform.mirror", p.chartHost, "to", to)
+			}
+			log.Info("mirroring", "images", len(p.refs), "charts", len(p.charts), "from", p.src.String(), "to", to)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			results, err := images.Mirror(ctx, images.MirrorOptions{
-				Registry: to,
-				Insecure: insecure,
-				Source:   src,
-				Refs:     refs,
-				Progress: mirrorProgress(log),
+				Registry:  to,
+				Insecure:  insecure,
+				Source:    p.src,
+				Refs:      p.refs,
+				Charts:    p.charts,
+				ChartPath: p.chartPath,
+				Progress:  mirrorProgress(log),
 			})
 			counts := map[string]int{}
 			for _, r := range results {

@@ -148,34 +148,8 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 		t.Fatalf("images list: exit %d, %s", code, out)
 	}
 
-	// A layout holding every listed image, as hack/lab-images.sh writes
-	// one; the pause image is a two-platform index.
 	lay := filepath.Join(dir, "layout")
-	p, err := layout.Write(lay, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	digests := map[string]v1.Hash{}
-	for _, img := range list {
-		ann := layout.WithAnnotations(map[string]string{images.AnnotationRefName: img.Ref, images.AnnotationContainerdName: img.Ref})
-		var err error
-		if strings.HasPrefix(img.Ref, "registry.k8s.io/pause:") {
-			var idx v1.ImageIndex
-			if idx, err = random.Index(256, 1, 2); err == nil {
-				digests[img.Ref], _ = idx.Digest()
-				err = p.AppendIndex(idx, ann)
-			}
-		} else {
-			var im v1.Image
-			if im, err = random.Image(256, 1); err == nil {
-				digests[img.Ref], _ = im.Digest()
-				err = p.AppendImage(im, ann)
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	digests := randomLayout(t, lay, list)
 
 	store := filepath.Join(dir, "registry")
 	reg := serveRegistry(t, store)
@@ -238,6 +212,39 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "plain HTTP to "+reg.addr+" refused") {
 		t.Errorf("without --insecure: exit %d\n%s", code, stderr)
 	}
+}
+
+// randomLayout writes an OCI layout at dir holding a random image under
+// each listed reference, as hack/lab-images.sh writes one (the pause
+// image as a two-platform index), and returns each one's digest.
+func randomLayout(t *testing.T, dir string, list []images.Image) map[string]v1.Hash {
+	t.Helper()
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digests := map[string]v1.Hash{}
+	for _, img := range list {
+		ann := layout.WithAnnotations(map[string]string{images.AnnotationRefName: img.Ref, images.AnnotationContainerdName: img.Ref})
+		var err error
+		if strings.HasPrefix(img.Ref, "registry.k8s.io/pause:") {
+			var idx v1.ImageIndex
+			if idx, err = random.Index(256, 1, 2); err == nil {
+				digests[img.Ref], _ = idx.Digest()
+				err = p.AppendIndex(idx, ann)
+			}
+		} else {
+			var im v1.Image
+			if im, err = random.Image(256, 1); err == nil {
+				digests[img.Ref], _ = im.Digest()
+				err = p.AppendImage(im, ann)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return digests
 }
 
 func TestImagesMirrorFlags(t *testing.T) {

@@ -8,9 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/lab"
+	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/platform/render"
+	"cozy.dev/cozy/platform/upstream"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files and clusters/lab")
@@ -189,4 +193,70 @@ func sortedKeys(m map[string]string) []string {
 		l.Files[k] = nil
 	}
 	return l.Paths()
+}
+
+// With platform.mirror, every HelmRepository whose charts Cozy makes
+// (platform/upstream) reads the mirror, as an OCI repository (insecure
+// for http://); the others keep their upstream URL. Without it, none does.
+func TestChartMirror(t *testing.T) {
+	mirrored := func(t *testing.T, r *rack.Rack) map[string]map[string]any {
+		t.Helper()
+		objs, err := mustRender(t, r).Objects()
+		if err != nil {
+			t.Fatal(err)
+		}
+		repos := map[string]map[string]any{}
+		for _, o := range objs {
+			if o.GetKind() == "HelmRepository" {
+				spec, _, _ := unstructured.NestedMap(o.Object, "spec")
+				repos[o.GetNamespace()+"/"+o.GetName()] = spec
+			}
+		}
+		// Each repository's charts, from the HelmReleases that read it:
+		// the platform's, and those cozy-operator creates for tenants.
+		for _, c := range tenantcluster.DefaultAddonConfig().Charts {
+			if spec, ok := repos[c.Source.Namespace+"/"+c.Source.Name]; ok && c.Source.Kind == "HelmRepository" {
+				_, err := upstream.Find(c.Chart, c.Version)
+				spec["cozyMakes"] = err == nil
+			}
+		}
+		for _, o := range objs {
+			if o.GetKind() != "HelmRelease" {
+				continue
+			}
+			chart, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "chart")
+			version, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "version")
+			kind, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "sourceRef", "kind")
+			name, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "sourceRef", "name")
+			if kind != "HelmRepository" {
+				continue
+			}
+			spec := repos[o.GetNamespace()+"/"+name]
+			_, err := upstream.Find(chart, version)
+			spec["cozyMakes"] = err == nil
+		}
+		return repos
+	}
+	plain := mirrored(t, exampleRack(t, "prod"))
+	for name, spec := range plain {
+		if spec["type"] == "oci" {
+			t.Errorf("without a mirror, %s is an OCI repository: %v", name, spec)
+		}
+	}
+	r := exampleRack(t, "prod", "  # mirror: http://10.0.0.1:5000/charts", "  mirror: http://10.0.0.1:5000/charts")
+	n := 0
+	for name, spec := range mirrored(t, r) {
+		switch {
+		case spec["cozyMakes"] == true:
+			n++
+			if spec["type"] != "oci" || spec["url"] != "oci://10.0.0.1:5000/charts" || spec["insecure"] != true {
+				t.Errorf("%s (a chart Cozy makes) does not read the mirror: %v", name, spec)
+			}
+		case spec["url"] != plain[name]["url"] || spec["type"] != nil:
+			t.Errorf("%s (a chart Cozy cannot make) reads %v, want its own %v", name, spec, plain[name]["url"])
+		}
+	}
+	if n < 5 {
+		t.Errorf("only %d repositories read the mirror", n)
+	}
 }

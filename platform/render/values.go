@@ -67,6 +67,14 @@ func Values(r *rack.Rack) (map[string]any, error) {
 		},
 	}
 
+	if r.Platform.Mirror != "" {
+		m, err := rack.ParseChartMirror(r.Platform.Mirror)
+		if err != nil {
+			return nil, fmt.Errorf("platform.mirror: %w", err)
+		}
+		generated["charts"] = map[string]any{"mirror": map[string]any{"url": m.URL(), "insecure": m.Insecure}}
+	}
+
 	// The rack's platform.values win over what Cozy derives from the rack.
 	overrides, err := deepCopy(r.Platform.Values)
 	if err != nil {

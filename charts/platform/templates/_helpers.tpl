@@ -96,9 +96,12 @@ driftDetection:
 {{- end }}
 
 {{/*
-platform.helmRepository: a HelmRepository .name in .namespace at .url.
+platform.helmRepository: a HelmRepository .name in .namespace at .url; for
+charts Cozy makes from their modules (.mirrored, see platform/upstream),
+the chart mirror instead when .root's values name one.
 */}}
 {{- define "platform.helmRepository" -}}
+{{- $m := .root.Values.charts.mirror -}}
 apiVersion: source.toolkit.fluxcd.io/v1
 kind: HelmRepository
 metadata:
@@ -109,7 +112,16 @@ metadata:
 spec:
   interval: 1h
   timeout: 3m
+  {{- if and .mirrored $m.url }}
+  # Mirrored: {{ .url }}
+  type: oci
+  url: {{ $m.url }}
+  {{- if $m.insecure }}
+  insecure: true
+  {{- end }}
+  {{- else }}
   url: {{ .url }}
+  {{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,123 @@
+//go:build integration
+
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/mod/module"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	helmregistry "helm.sh/helm/v3/pkg/registry"
+
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/platform/upstream"
+)
+
+// images mirror --rack pushes, beside the images, every upstream chart
+// Cozy makes for the rack's platform, under the path of its
+// platform.mirror, where Helm's own OCI client pulls them; a second run
+// finds them there. The modules come from the go command's download cache
+// through --module-proxy file://, so nothing leaves the machine.
+func TestImagesMirrorCharts(t *testing.T) {
+	var mods []module.Version
+	for _, c := range upstream.Charts {
+		mods = append(mods, c.Module)
+	}
+	proxy, err := testenv.ModuleProxy(context.Background(), mods...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("COZY_CACHE_DIR", t.TempDir()) // the modules' cache, read by the cozyctl it runs
+	dir := t.TempDir()
+	reg := serveRegistry(t, filepath.Join(dir, "registry"))
+	ex, _, code := run("rack", "init")
+	if code != 0 {
+		t.Fatal("rack init failed")
+	}
+	ex = strings.Replace(ex, "  # mirror: http://10.0.0.1:5000/charts", "  mirror: http://"+reg.addr+"/cozy/charts", 1)
+	rackFile := filepath.Join(dir, "rack.yaml")
+	if err := os.WriteFile(rackFile, []byte(ex), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out, stderr, code := run("images", "list", "--rack", rackFile, "-o", "json", "--module-proxy", proxy)
+	var list []images.Image
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
+		t.Fatalf("images list: exit %d, %s\n%s", code, out, stderr)
+	}
+	// A random image cannot stand for one pinned by digest (Cilium's
+	// envoy): those are left out of the layout, and must be the only
+	// failures.
+	var byTag []images.Image
+	pinned := map[string]bool{}
+	for _, img := range list {
+		if strings.Contains(img.Ref, "@sha256:") {
+			pinned[img.Ref] = true
+		} else {
+			byTag = append(byTag, img)
+		}
+	}
+	lay := filepath.Join(dir, "layout")
+	randomLayout(t, lay, byTag)
+
+	mirror := func() []images.Result {
+		t.Helper()
+		out, stderr, _ := run("images", "mirror", "--rack", rackFile, "--from", lay, "--to", reg.addr, "--insecure", "--module-proxy", proxy, "-o", "json")
+		var rs []images.Result
+		if err := json.Unmarshal([]byte(out), &rs); err != nil {
+			t.Fatalf("images mirror: %v\n%s\n%s", err, out, stderr)
+		}
+		var kept []images.Result
+		for _, r := range rs {
+			if pinned[r.Image] && r.Status == images.StatusFailed && strings.Contains(r.Error, "not found in OCI layout") {
+				continue
+			}
+			kept = append(kept, r)
+		}
+		return kept
+	}
+	charts := map[string]images.Result{}
+	for _, r := range mirror() {
+		if r.Chart != "" {
+			charts[r.Chart] = r
+		} else if r.Status != images.StatusCopied {
+			t.Errorf("image %s: %+v", r.Image, r)
+		}
+	}
+	for _, want := range []string{"cilium 1.20.2", "cilium 1.18.4", "kube-ovn v1.15.4", "cert-manager v1.21.2", "metallb 0.15.2", "cluster-api-operator 0.29.0"} {
+		r, ok := charts[want]
+		name, version, _ := strings.Cut(want, " ")
+		if target := reg.addr + "/cozy/charts/" + name + ":" + version; !ok || r.Status != images.StatusCopied || r.Target != target {
+			t.Errorf("chart %s: %+v, want copied to %s", want, r, target)
+		}
+	}
+	if len(charts) != 6 {
+		t.Errorf("%d charts mirrored, want 6: %v", len(charts), charts)
+	}
+
+	hc, err := helmregistry.NewClient(helmregistry.ClientOptPlainHTTP(),
+		helmregistry.ClientOptCredentialsFile(filepath.Join(dir, "helm-registry.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled, err := hc.Pull(reg.addr + "/cozy/charts/cert-manager:v1.21.2")
+	if err != nil {
+		t.Fatalf("helm pull cert-manager: %v", err)
+	}
+	ch, err := loader.LoadArchive(strings.NewReader(string(pulled.Chart.Data)))
+	if err != nil || ch.Metadata.AppVersion != "v1.21.2" {
+		t.Errorf("the pulled cert-manager chart: %v, appVersion %v", err, ch)
+	}
+
+	for _, r := range mirror() {
+		if r.Status != images.StatusPresent {
+			t.Errorf("second mirror: %+v, want present", r)
+		}
+	}
+}
