@@ -4,7 +4,7 @@ import "testing"
 
 func TestParseChartMirror(t *testing.T) {
 	for in, want := range map[string]ChartMirror{
-		"http://10.0.0.1:5000/charts":          {Host: "10.0.0.1:5000", Path: "charts", Insecure: true},
+		"http://10.0.0.1:5000/charts":           {Host: "10.0.0.1:5000", Path: "charts", Insecure: true},
 		"https://registry.example/cozy/charts/": {Host: "registry.example", Path: "cozy/charts"},
 		"oci://registry.example/charts":         {Host: "registry.example", Path: "charts"},
 	} {

@@ -278,8 +278,18 @@ type Platform struct {
 	// (also written oci://). `cozyctl images mirror --rack` pushes the
 	// charts there. Empty: the charts' own repositories.
 	Mirror string `yaml:"mirror,omitempty" json:"mirror,omitempty"`
+	// Components switch the platform's components on and off by name
+	// (docs/platform.md): {linstor: {enabled: false}}. Every component
+	// is on unless switched off here.
+	Components map[string]Component `yaml:"components,omitempty" json:"components,omitempty"`
 	// Values are passed unchanged to the platform chart.
 	Values map[string]any `yaml:"values,omitempty" json:"values,omitempty"`
+}
+
+// Component is one platform component's settings.
+type Component struct {
+	// Enabled false leaves the component out; unset is on.
+	Enabled *bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
 }
 
 // Storage configures LINSTOR's satellite pools.

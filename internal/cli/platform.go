@@ -195,7 +195,10 @@ func (t statusTable) Rows() [][]string {
 	var rows [][]string
 	for _, c := range t.Components {
 		ready := "False"
-		if c.Ready {
+		switch {
+		case c.Off:
+			ready = "off"
+		case c.Ready:
 			ready = "True"
 		}
 		rows = append(rows, []string{c.Name, ready, count(c.Sources), count(c.Releases), oneLine(c.Message, 200)})

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -258,5 +259,72 @@ func TestChartMirror(t *testing.T) {
 	}
 	if n < 5 {
 		t.Errorf("only %d repositories read the mirror", n)
+	}
+}
+
+// Components switch off one by one: an off component has no
+// Kustomization and no folder, and the components ConfigMap says off; a
+// component cannot be off while one that depends on it is on; names and
+// values are schema-checked.
+func TestComponentSwitch(t *testing.T) {
+	off := func(names ...string) string {
+		s := "platform:                       # what the platform layer (Flux) reads\n  components:\n"
+		for _, n := range names {
+			s += "    " + n + ": {enabled: false}\n"
+		}
+		return s
+	}
+	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
+
+	diskless := []string{"linstor", "cdi", "kamaji", "cluster-api-providers", "cozy-operator"}
+	l := mustRender(t, exampleRack(t, "prod", platformLine, off(diskless...)))
+	objs, err := l.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kustomizations []string
+	for _, o := range objs {
+		switch {
+		case o.GetKind() == "Kustomization":
+			kustomizations = append(kustomizations, o.GetName())
+		case o.GetKind() == "ConfigMap" && o.GetName() == render.ComponentsConfigMap:
+			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+			for _, n := range diskless {
+				if data[n] != "off" {
+					t.Errorf("%s says %s is %q", render.ComponentsConfigMap, n, data[n])
+				}
+			}
+			if data["networking"] != "on" || len(data) != 12 {
+				t.Errorf("%s: %v", render.ComponentsConfigMap, data)
+			}
+		}
+	}
+	for _, n := range diskless {
+		if slices.Contains(kustomizations, n) {
+			t.Errorf("%s is off but has a Kustomization", n)
+		}
+		for _, p := range l.Paths() {
+			if strings.Contains(p, "/components/"+n+"/") {
+				t.Errorf("%s is off but %s is rendered", n, p)
+			}
+		}
+	}
+	if !slices.Contains(kustomizations, "kubevirt") || len(kustomizations) != 7 {
+		t.Errorf("Kustomizations %v, want the 7 left on", kustomizations)
+	}
+
+	for _, tt := range []struct {
+		name, edit, want string
+	}{
+		{"a dependency off", off("linstor"), "components.linstor is switched off, but cdi, kamaji depend on it: switch cdi, kamaji off too, or keep linstor"},
+		{"an unknown component", off("linstr"), "/components"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := exampleRack(t, "prod", platformLine, tt.edit)
+			_, err := render.Render(r)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want an error with %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -67,6 +67,15 @@ func Values(r *rack.Rack) (map[string]any, error) {
 		},
 	}
 
+	if len(r.Platform.Components) > 0 {
+		comps := map[string]any{}
+		for name, c := range r.Platform.Components {
+			if c.Enabled != nil {
+				comps[name] = map[string]any{"enabled": *c.Enabled}
+			}
+		}
+		generated["components"] = comps
+	}
 	if r.Platform.Mirror != "" {
 		m, err := rack.ParseChartMirror(r.Platform.Mirror)
 		if err != nil {

@@ -9,9 +9,12 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -58,6 +61,10 @@ type Component struct {
 	Sources       []Object `json:"sources"`
 	Releases      []Object `json:"releases"`
 	Ready         bool     `json:"ready"`
+	// Off is a component the platform's rendering switched off
+	// (platform.components.<name>.enabled: false): it has no
+	// Kustomization, and does not count against Ready.
+	Off bool `json:"off,omitempty"`
 	// Message is the first reason the component is not ready: a failing
 	// source first (nothing after it can work), then a failing release,
 	// then the Kustomization's own message.
@@ -94,7 +101,43 @@ func Collect(ctx context.Context, c client.Reader, namespace string) (*Report, e
 	if releases, err = list(ctx, c, helmReleaseGVK); err != nil {
 		return nil, err
 	}
-	return build(ks, sources, releases), nil
+	rep := build(ks, sources, releases)
+	cm := &corev1.ConfigMap{}
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ComponentsConfigMap}, cm); {
+	case apierrors.IsNotFound(err):
+		// Rendered before components could be switched off: all are on.
+	case err != nil:
+		return nil, fmt.Errorf("read ConfigMap %s/%s: %w", namespace, ComponentsConfigMap, err)
+	default:
+		addOff(rep, cm.Data)
+	}
+	return rep, nil
+}
+
+// ComponentsConfigMap is the ConfigMap the platform's rendering puts
+// beside the component Kustomizations, saying which components are "on"
+// and "off" (platform/render.ComponentsConfigMap).
+const ComponentsConfigMap = "cozy-platform-components"
+
+// addOff adds a row for each component switched off that has no
+// Kustomization (one that has, Flux has not pruned yet: its own row says
+// how it is doing).
+func addOff(rep *Report, onOff map[string]string) {
+	have := map[string]bool{}
+	for _, c := range rep.Components {
+		have[c.Name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(onOff)) {
+		if onOff[name] != "off" || have[name] {
+			continue
+		}
+		rep.Components = append(rep.Components, Component{
+			Name: name, Off: true, Ready: true,
+			Kustomization: Object{Kind: "Kustomization", Name: name},
+			Sources:       []Object{}, Releases: []Object{},
+			Message: "switched off (platform.components." + name + ".enabled: false)",
+		})
+	}
 }
 
 func list(ctx context.Context, c client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]unstructured.Unstructured, error) {

@@ -273,3 +273,41 @@ func TestCollect(t *testing.T) {
 		t.Errorf("no Kustomizations: err = %v", err)
 	}
 }
+
+// A component the rendering switched off has no Kustomization: the
+// components ConfigMap makes it a row of its own, off, that does not
+// count against Ready; one still being pruned keeps its own row.
+func TestCollectShowsOffComponents(t *testing.T) {
+	cm := `apiVersion: v1
+kind: ConfigMap
+metadata: {name: cozy-platform-components, namespace: flux-system}
+data: {networking: "on", linstor: "off", kamaji: "off"}`
+	kamaji := strings.ReplaceAll(networking, "networking", "kamaji")
+	var objs []runtime.Object
+	for _, y := range []string{root, gitReady, kamaji, cm} {
+		u := obj(t, y)
+		objs = append(objs, &u)
+	}
+	c := fake.NewClientBuilder().WithRuntimeObjects(objs...).Build()
+	rep, err := Collect(context.Background(), c, "flux-system")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, comp := range rep.Components {
+		names = append(names, comp.Name)
+		switch comp.Name {
+		case "linstor":
+			if !comp.Off || !comp.Ready || !strings.Contains(comp.Message, "platform.components.linstor.enabled: false") {
+				t.Errorf("linstor: %+v", comp)
+			}
+		case "kamaji":
+			if comp.Off || comp.Ready {
+				t.Errorf("kamaji, off but not pruned yet, must report its Kustomization: %+v", comp)
+			}
+		}
+	}
+	if strings.Join(names, " ") != "flux-system kamaji linstor" {
+		t.Errorf("rows %v", names)
+	}
+}

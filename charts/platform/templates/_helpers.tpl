@@ -31,8 +31,11 @@ platform.path: the folder of component .component in the Git repository.
 platform.kustomization: the Flux Kustomization that applies one component's
 folder and is Ready only when everything it applied is healthy. Arguments:
 root, component, dependsOn (list), timeout, healthCheckExprs (list).
+Nothing when the component is switched off.
 */}}
 {{- define "platform.kustomization" -}}
+{{- if (index .root.Values.components .component).enabled }}
+---
 apiVersion: kustomize.toolkit.fluxcd.io/v1
 kind: Kustomization
 metadata:
@@ -64,6 +67,7 @@ spec:
   healthCheckExprs:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,69 @@
+package render
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"cozy.dev/cozy/platform/status"
+)
+
+// ComponentsConfigMap is the ConfigMap, in Flux's namespace beside the
+// component Kustomizations, that says which components are on and off
+// ("on"/"off" by name): `platform status` reads it to show an off
+// component as off, since it has no Kustomization.
+const ComponentsConfigMap = status.ComponentsConfigMap
+
+// switchOff drops the folders of the components values switch off
+// (components.<name>.enabled: false; the chart already left out their
+// Kustomizations) and refuses a component left on that depends on one
+// switched off.
+func switchOff(c *chart.Chart, values map[string]any, files map[string]string) error {
+	all, err := chartutil.CoalesceValues(c, values)
+	if err != nil {
+		return err
+	}
+	comps, _, _ := unstructured.NestedMap(all, "components")
+	var off []string
+	for name, v := range comps {
+		if m, _ := v.(map[string]any); m["enabled"] == false {
+			off = append(off, name)
+		}
+	}
+	for f := range files {
+		for _, name := range off {
+			if strings.HasPrefix(f, "components/"+name+"/") {
+				delete(files, f)
+			}
+		}
+	}
+	objs, err := Decode([]byte(files["platform.yaml"]))
+	if err != nil {
+		return fmt.Errorf("platform.yaml: %w", err)
+	}
+	needs := map[string][]string{} // switched off -> those on that depend on it
+	for _, o := range objs {
+		deps, _, _ := unstructured.NestedSlice(o.Object, "spec", "dependsOn")
+		for _, d := range deps {
+			name, _ := d.(map[string]any)["name"].(string)
+			if slices.Contains(off, name) {
+				needs[name] = append(needs[name], o.GetName())
+			}
+		}
+	}
+	var problems []string
+	for _, name := range sortedKeys(needs) {
+		on := needs[name]
+		slices.Sort(on)
+		problems = append(problems, fmt.Sprintf("components.%s is switched off, but %s depend%s on it: switch %s off too, or keep %s",
+			name, strings.Join(on, ", "), map[bool]string{true: "s", false: ""}[len(on) == 1], strings.Join(on, ", "), name))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("platform components:\n- %s", strings.Join(problems, "\n- "))
+	}
+	return nil
+}
