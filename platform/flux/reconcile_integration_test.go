@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/fluxcd/pkg/gittestserver"
 	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -35,6 +37,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/images/registry"
 	"cozy.dev/cozy/internal/cli"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
@@ -45,6 +49,7 @@ import (
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/status"
+	"cozy.dev/cozy/platform/upstream"
 )
 
 // TestFluxReconcilesPlatform is the platform's end-to-end check without
@@ -53,16 +58,18 @@ import (
 // Git server serves the lab rack's rendered platform.
 //
 // The controllers run in a network namespace with only loopback; the API
-// server and the Git server are forwarded into it. So charts that live on
-// the internet cannot be fetched, and must say so in the status, and no
-// test traffic leaves the machine.
+// server, the Git server and a registry mirroring cert-manager's chart
+// (the rack's platform.mirror) are forwarded into it. So charts that live
+// on the internet or are missing from the mirror cannot be fetched, and
+// must say so in the status, and no test traffic leaves the machine.
 //
 // Phases:
 //  1. platform install (Flux manifests kustomized from the controllers'
 //     modules, as the air-gapped path reads them), controllers started,
 //     install run again with a wait: the root Kustomization becomes Ready.
-//  2. platform status shows the networking component failing on its chart
-//     fetch and the components after it waiting for it.
+//  2. platform status shows the networking component failing on Cilium's
+//     chart, which the mirror lacks (the row names chart, version and
+//     registry), and the components after it waiting for it.
 //  3. With the root suspended and cozy-operator's dependencies lifted (its
 //     chart is in the same repository), Flux installs our own chart: its
 //     objects and the TenantCluster CRD exist, and once a stand-in for the kubelet reports its
@@ -73,6 +80,10 @@ import (
 //     installs Cozy's CSI node chart from the repository into a second
 //     API server standing in for the tenant, and metrics-server's
 //     unreachable chart is reported on the TenantCluster (tenantAddons).
+//  5. With its dependency lifted, Flux pulls cert-manager v1.21.2's chart
+//     (made from its module) from the mirror and installs it; with a
+//     stand-in kubelet for its Deployments and post-install Job, the
+//     component is Ready.
 func TestFluxReconcilesPlatform(t *testing.T) {
 	bin := fluxBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -86,9 +97,17 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	}
 	ns.Forward(t, apiURL.Host)
 
-	// The platform repository: the lab rack's rendering.
+	// The chart mirror: a registry holding cert-manager's chart alone,
+	// made from its module as `images mirror --rack` makes it.
+	reg := chartMirror(t, ctx, "cert-manager", "v1.21.2")
+	ns.Forward(t, reg)
+
+	// The platform repository: the lab rack's rendering, reading the
+	// charts Cozy makes from the mirror.
 	repoDir := t.TempDir()
-	layout, err := render.Render(labRack(t))
+	r := labRack(t)
+	r.Platform.Mirror = "http://" + reg + "/charts"
+	layout, err := render.Render(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +156,14 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 		t.Fatalf("platform install returned, but the root Kustomization is not Ready: %s %v", why, err)
 	}
 
-	// Phase 2: the components are there, and honest about what fails.
+	// Phase 2: the components are there, and honest about what fails:
+	// the mirror lacks Cilium's chart, and the row says which.
 	var rep *status.Report
-	poll.Until(t, ctx, time.Second, "networking to report its chart fetch failing", seen(func() (bool, string) {
+	poll.Until(t, ctx, time.Second, "networking to report the chart missing from the mirror", seen(func() (bool, string) {
 		rep = platformStatus(t, kubeconfig)
 		c := component(rep, "networking")
-		return c != nil && !c.Ready && failedFetch(c.Message), fmt.Sprintf("%+v", c)
+		return c != nil && !c.Ready && strings.Contains(c.Message, "cilium") && strings.Contains(c.Message, "1.20.2") &&
+			strings.Contains(c.Message, reg), fmt.Sprintf("%+v", c)
 	}))
 	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
 	if rep.Ready {
@@ -211,6 +232,72 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	// Phase 4: a tenant's add-ons, installed by Flux into the tenant.
 	patch(kustomization("tenant-addons"), `{"spec":{"dependsOn":null}}`)
 	tenantAddons(t, ctx, env, ns, kubeconfig)
+
+	// Phase 5: an upstream component from the mirror. With its dependency
+	// lifted, Flux pulls cert-manager's chart from the local registry and
+	// installs it: its CRDs and Deployments exist, and once a stand-in
+	// for the kubelet runs its Deployments and its post-install check Job,
+	// the component is Ready.
+	patch(kustomization("cert-manager"), `{"spec":{"dependsOn":null}}`)
+	go standInKubelet(ctx, env.Client, "cozy-cert-manager")
+	poll.Until(t, ctx, time.Second, "cert-manager, from the mirror, to be Ready", seen(func() (bool, string) {
+		rep = platformStatus(t, kubeconfig)
+		c := component(rep, "cert-manager")
+		return c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v", c)
+	}))
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "certificates.cert-manager.io"}, &crd); err != nil {
+		t.Errorf("cert-manager's Certificate CRD, from the mirrored chart: %v", err)
+	}
+	var d appsv1.Deployment
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-cert-manager", Name: "cert-manager"}, &d); err != nil || !strings.HasSuffix(d.Spec.Template.Spec.Containers[0].Image, ":v1.21.2") {
+		t.Errorf("cert-manager's Deployment: %v, want the image at v1.21.2", err)
+	}
+	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
+}
+
+// chartMirror serves a registry on loopback holding the named upstream
+// chart, made from its module (through the go command's download cache)
+// and pushed under charts/ as `images mirror` pushes it. It returns the
+// registry's host:port.
+func chartMirror(t *testing.T, ctx context.Context, name, version string) string {
+	t.Helper()
+	c, err := upstream.Find(name, version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := testenv.ModuleProxy(ctx, c.Module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, err := upstream.Maker{Source: upstream.Source{Proxies: []string{proxy}, Cache: t.TempDir()}}.Make(ctx, name, version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := images.ChartImage(made.Chart.Metadata, made.Archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := registry.Listen("127.0.0.1:0", t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	})
+	addr := srv.Addr().String()
+	if _, err := images.Mirror(ctx, images.MirrorOptions{
+		Registry: addr, Insecure: true, Source: &images.Upstream{},
+		Charts: []images.MirrorChart{{Name: name, Version: version, Image: img}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 // tenantAddons is phase 4 of TestFluxReconcilesPlatform: the operator
@@ -555,10 +642,29 @@ func failedFetch(msg string) bool {
 }
 
 // standInKubelet reports every Deployment in namespace as rolled out and
-// available, as the kube-controller-manager would once a kubelet ran its
-// pods: the test API server has neither. It stops with ctx.
+// available, and every Job as complete, as the kube-controller-manager
+// would once a kubelet ran their pods: the test API server has neither.
+// It stops with ctx.
 func standInKubelet(ctx context.Context, c client.Client, namespace string) {
 	for ctx.Err() == nil {
+		var jobs batchv1.JobList
+		if err := c.List(ctx, &jobs, client.InNamespace(namespace)); err == nil {
+			for i := range jobs.Items {
+				j := &jobs.Items[i]
+				if j.Status.CompletionTime != nil {
+					continue
+				}
+				now := metav1.Now()
+				j.Status = batchv1.JobStatus{
+					StartTime: &now, CompletionTime: &now, Succeeded: 1,
+					Conditions: []batchv1.JobCondition{
+						{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastProbeTime: now, LastTransitionTime: now},
+						{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastProbeTime: now, LastTransitionTime: now},
+					},
+				}
+				_ = c.Status().Update(ctx, j)
+			}
+		}
 		var ds appsv1.DeploymentList
 		if err := c.List(ctx, &ds, client.InNamespace(namespace)); err == nil {
 			for i := range ds.Items {
