@@ -84,9 +84,7 @@ type Chart struct {
 
 // ChartMaker makes the upstream charts the platform installs, so that
 // their images can be read (upstream.Maker, from the Go module proxy).
-type ChartMaker interface {
-	Make(ctx context.Context, name, version string) (*upstream.Packaged, error)
-}
+type ChartMaker = upstream.ChartMaker
 
 // ForRack lists the images rack r needs. With charts, the upstream
 // charts Cozy can make are rendered too; those it cannot make, or all of

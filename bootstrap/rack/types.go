@@ -290,6 +290,10 @@ type Platform struct {
 type Component struct {
 	// Enabled false leaves the component out; unset is on.
 	Enabled *bool `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	// Values are merged over the values the platform gives each of the
+	// component's HelmReleases, by HelmRelease name:
+	// {cert-manager: {replicaCount: 2}}.
+	Values map[string]map[string]any `yaml:"values,omitempty" json:"values,omitempty"`
 }
 
 // Storage configures LINSTOR's satellite pools.

@@ -121,3 +121,58 @@ func TestImagesMirrorCharts(t *testing.T) {
 		}
 	}
 }
+
+// platform render checks the values a rack gives a component's
+// HelmRelease against the upstream chart before writing anything: a value
+// the chart's schema refuses and a key the chart does not define are
+// refused, naming them; good values are written; --module-proxy off skips
+// the check with a warning.
+func TestPlatformRenderChecksComponentValues(t *testing.T) {
+	c, err := upstream.Find("cert-manager", "v1.21.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := testenv.ModuleProxy(context.Background(), c.Module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("COZY_CACHE_DIR", t.TempDir())
+	ex, _, code := run("rack", "init")
+	if code != 0 {
+		t.Fatal("rack init failed")
+	}
+	const line = "platform:                       # what the platform layer (Flux) reads\n"
+	rackWith := func(values string) string {
+		f := filepath.Join(t.TempDir(), "rack.yaml")
+		body := strings.Replace(ex, line, "platform:\n  components:\n    cert-manager:\n      values:\n        cert-manager: "+values+"\n", 1)
+		if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for _, tt := range []struct {
+		name, values string
+		code         int
+		want         string
+	}{
+		{"the schema refuses it", `{replicaCount: "two"}`, 1, "at '/replicaCount': got string, want number"},
+		{"a key the chart lacks", `{replicaCuont: 2}`, 1, "values key replicaCuont is not one the chart defines"},
+		{"good values", `{replicaCount: 2}`, 0, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "repo")
+			_, stderr, code := run("platform", "render", "--rack", rackWith(tt.values), "--out", out, "--module-proxy", proxy)
+			if code != tt.code || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, want %d with %q:\n%s", code, tt.code, tt.want, stderr)
+			}
+			_, err := os.Stat(out)
+			if wrote := err == nil; wrote != (tt.code == 0) {
+				t.Errorf("exit %d, but the layout was written: %v", code, wrote)
+			}
+		})
+	}
+	_, stderr, code := run("platform", "render", "--rack", rackWith(`{replicaCuont: 2}`), "--out", filepath.Join(t.TempDir(), "repo"), "--module-proxy", "off")
+	if code != 0 || !strings.Contains(stderr, "not checked against their charts") {
+		t.Errorf("--module-proxy off: exit %d\n%s", code, stderr)
+	}
+}

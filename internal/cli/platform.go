@@ -45,7 +45,7 @@ func (t renderTable) Rows() [][]string {
 var _ output.Tabular = renderTable{}
 
 func newPlatformRenderCommand(g *Globals) *cobra.Command {
-	var rackFile, out string
+	var rackFile, out, moduleProxy string
 	var check bool
 	cmd := &cobra.Command{
 		Use:   "render",
@@ -58,7 +58,15 @@ Flux reads. The output depends only on the rack and this cozyctl: render
 again after changing the rack, and review the diff.
 
 With --check nothing is written: the command fails if OUT does not hold
-exactly what it would write.`,
+exactly what it would write.
+
+Values the rack gives a component's HelmRelease
+(platform.components.<name>.values) are checked first against the
+upstream chart, made from its Go module at the pinned version (fetched
+from --module-proxy, cached in $COZY_CACHE_DIR/modules): a value its
+schema refuses, a key it does not define, or a render error fails the
+command before anything is written. With --module-proxy off they are not
+checked, and a warning says so.`,
 		Example: `  cozyctl platform render --rack rack.yaml --out ~/src/platform-repo
   cozyctl platform render --rack rack.yaml --out . --check`,
 		Args: cobra.NoArgs,
@@ -70,6 +78,14 @@ exactly what it would write.`,
 			layout, err := render.Render(r)
 			if err != nil {
 				return fmt.Errorf("render the platform for %s: %w", rackFile, err)
+			}
+			if releases := render.Overridden(r); len(releases) > 0 {
+				maker := chartMaker(moduleProxy)
+				if maker == nil {
+					g.Logger().Warn("the rack's component values are not checked against their charts (--module-proxy off)", "releases", releases)
+				} else if _, err := render.CheckCharts(cmd.Context(), layout, maker, r.Cluster.KubernetesVersion, releases); err != nil {
+					return fmt.Errorf("render the platform for %s: %w", rackFile, err)
+				}
 			}
 			if check {
 				diff, err := layout.Diff(out)
@@ -99,6 +115,7 @@ exactly what it would write.`,
 	cmd.Flags().StringVar(&rackFile, "rack", "", "the rack file")
 	cmd.Flags().StringVar(&out, "out", "", "root of the Git repository to write into")
 	cmd.Flags().BoolVar(&check, "check", false, "write nothing; fail if --out differs from the rendering")
+	cmd.Flags().StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
 	_ = cmd.MarkFlagRequired("rack")
 	_ = cmd.MarkFlagRequired("out")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")

@@ -66,6 +66,9 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 	if err := switchOff(c, values, files); err != nil {
 		return nil, err
 	}
+	if err := applyOverrides(c, values, files); err != nil {
+		return nil, err
+	}
 	git, _ := values["git"].(map[string]any)
 	dir, _ := git["path"].(string)
 	dir, err = cleanGitPath(dir)

@@ -328,3 +328,48 @@ func TestComponentSwitch(t *testing.T) {
 		})
 	}
 }
+
+// A component's values are merged over what the platform gives its
+// HelmRelease: maps key by key, the rest replaced; the document keeps its
+// comments and every other file is unchanged. A HelmRelease the
+// component does not have is refused, naming those it has.
+func TestComponentValues(t *testing.T) {
+	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
+	plain := mustRender(t, exampleRack(t, "prod"))
+	l := mustRender(t, exampleRack(t, "prod", platformLine, platformLine+`  components:
+    cert-manager:
+      values:
+        cert-manager:
+          replicaCount: 2
+          crds: {keep: false}
+          global: {leaderElection: {namespace: kube-system}}
+`))
+	const file = "clusters/prod/components/cert-manager/cert-manager.yaml"
+	for _, p := range l.Paths() {
+		if p != file && p != "clusters/prod/values.yaml" && !bytes.Equal(l.Files[p], plain.Files[p]) {
+			t.Errorf("%s changed, but only %s has values to merge", p, file)
+		}
+	}
+	got := string(l.Files[file])
+	for _, want := range []string{"replicaCount: 2\n", "enabled: true", "keep: false", "namespace: kube-system", "# Deleting the release must not delete every Certificate in the cluster."} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s lacks %q:\n%s", file, want, got)
+		}
+	}
+	objs, err := render.Decode(l.Files[file])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "HelmRelease" {
+			if n, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "replicaCount"); n != int64(2) && n != float64(2) {
+				t.Errorf("replicaCount %v, want the number 2", o.Object["spec"].(map[string]any)["values"])
+			}
+		}
+	}
+
+	r := exampleRack(t, "prod", platformLine, platformLine+"  components:\n    networking:\n      values:\n        kubeovn: {replicaCount: 2}\n")
+	if _, err := render.Render(r); err == nil || !strings.Contains(err.Error(), "components.networking.values.kubeovn: component networking has no HelmRelease kubeovn (it has cilium, kube-ovn)") {
+		t.Errorf("a HelmRelease the component lacks: %v", err)
+	}
+}

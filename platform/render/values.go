@@ -70,9 +70,18 @@ func Values(r *rack.Rack) (map[string]any, error) {
 	if len(r.Platform.Components) > 0 {
 		comps := map[string]any{}
 		for name, c := range r.Platform.Components {
+			m := map[string]any{}
 			if c.Enabled != nil {
-				comps[name] = map[string]any{"enabled": *c.Enabled}
+				m["enabled"] = *c.Enabled
 			}
+			if len(c.Values) > 0 {
+				v, err := deepCopy(map[string]any{"values": c.Values})
+				if err != nil {
+					return nil, fmt.Errorf("platform.components.%s.values: %w", name, err)
+				}
+				m["values"] = v["values"]
+			}
+			comps[name] = m
 		}
 		generated["components"] = comps
 	}

@@ -131,6 +131,12 @@ func Find(name, version string) (Chart, error) {
 	return Chart{}, fmt.Errorf("chart %s %s: Cozy has no pinned module for that version (it has %s)", name, version, strings.Join(have, ", "))
 }
 
+// ChartMaker makes a chart by name and version; Maker is the one that
+// fetches modules, tests may stand in.
+type ChartMaker interface {
+	Make(ctx context.Context, name, version string) (*Packaged, error)
+}
+
 // Maker makes charts by name and version, from Source.
 type Maker struct{ Source Source }
 

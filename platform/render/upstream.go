@@ -1,0 +1,97 @@
+package render
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/platform/upstream"
+)
+
+// Checked is one upstream HelmRelease of a layout rendered with its chart.
+type Checked struct {
+	// File is the layout file that holds the HelmRelease.
+	File    string
+	Release string
+	Chart   upstream.Chart
+	// Files are the chart's rendered templates, as Template gives them.
+	Files map[string]string
+}
+
+// CheckCharts renders the upstream charts Cozy makes (platform/upstream)
+// that the layout's HelmReleases install, with the values each
+// HelmRelease gives, as helm-controller would: a render error, values the
+// chart's schema refuses, or a key the chart does not define
+// (upstream.UnknownValues) is an error naming the HelmRelease. Only the
+// HelmReleases named in releases are checked, or all with nil; a chart
+// Cozy cannot make is not checked.
+func CheckCharts(ctx context.Context, l *Layout, maker upstream.ChartMaker, kubeVersion string, releases []string) ([]Checked, error) {
+	objs, err := l.Objects()
+	if err != nil {
+		return nil, err
+	}
+	var out []Checked
+	var problems []string
+	for _, o := range objs {
+		if o.GetKind() != "HelmRelease" || (releases != nil && !slices.Contains(releases, o.GetName())) {
+			continue
+		}
+		kind, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "sourceRef", "kind")
+		name, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "chart")
+		version, _, _ := unstructured.NestedString(o.Object, "spec", "chart", "spec", "version")
+		c, err := upstream.Find(name, version)
+		if kind != "HelmRepository" || err != nil {
+			continue
+		}
+		p, err := maker.Make(ctx, name, version)
+		if err != nil {
+			return nil, fmt.Errorf("HelmRelease %s: %w", o.GetName(), err)
+		}
+		values := map[string]any{}
+		if v, ok, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values"); ok {
+			data, err := json.Marshal(v)
+			if err == nil {
+				err = json.Unmarshal(data, &values)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		fail := func(msg string) {
+			problems = append(problems, fmt.Sprintf("%s: HelmRelease %s (chart %s): %s", o.File, o.GetName(), c.Ref(), msg))
+		}
+		for _, k := range upstream.UnknownValues(p.Chart, values) {
+			fail("values key " + k + " is not one the chart defines")
+		}
+		ns, _, _ := unstructured.NestedString(o.Object, "spec", "targetNamespace")
+		release, _, _ := unstructured.NestedString(o.Object, "spec", "releaseName")
+		files, err := Template(p.Chart, values, cmp.Or(release, o.GetName()), cmp.Or(ns, o.GetNamespace()), kubeVersion)
+		if err != nil {
+			fail(err.Error())
+			continue
+		}
+		out = append(out, Checked{File: o.File, Release: o.GetName(), Chart: c, Files: files})
+	}
+	if len(problems) > 0 {
+		return out, fmt.Errorf("the upstream charts refuse the platform's values:\n- %s", strings.Join(problems, "\n- "))
+	}
+	return out, nil
+}
+
+// Overridden are the HelmReleases the rack gives values of its own
+// (platform.components.<name>.values): those CheckCharts must see.
+func Overridden(r *rack.Rack) []string {
+	var out []string
+	for _, c := range r.Platform.Components {
+		for release := range c.Values {
+			out = append(out, release)
+		}
+	}
+	return out
+}
