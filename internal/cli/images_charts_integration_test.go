@@ -33,7 +33,6 @@ func TestImagesMirrorCharts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("COZY_CACHE_DIR", t.TempDir()) // the modules' cache, read by the cozyctl it runs
 	dir := t.TempDir()
 	reg := serveRegistry(t, filepath.Join(dir, "registry"))
 	ex, _, code := run("rack", "init")
@@ -136,7 +135,6 @@ func TestPlatformRenderChecksComponentValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("COZY_CACHE_DIR", t.TempDir())
 	ex, _, code := run("rack", "init")
 	if code != 0 {
 		t.Fatal("rack init failed")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,6 +55,7 @@ func (c Chart) Package(zipFile string) (*Packaged, error) {
 	if c.AppVersion != "" {
 		ch.Metadata.AppVersion = c.AppVersion
 	}
+	sortDependencies(ch)
 	file, err := chartutil.Save(ch, tmp)
 	if err != nil {
 		return nil, fmt.Errorf("chart %s: %w", c.Ref(), err)
@@ -63,6 +65,18 @@ func (c Chart) Package(zipFile string) (*Packaged, error) {
 		return nil, fmt.Errorf("chart %s: %w", c.Ref(), err)
 	}
 	return &Packaged{Chart: ch, Archive: archive}, nil
+}
+
+// sortDependencies puts subcharts in name order, all the way down: Helm's
+// loader collects them through a map, so their order (and the archive's
+// bytes) would change from one run to the next.
+func sortDependencies(ch *chart.Chart) {
+	deps := ch.Dependencies()
+	slices.SortFunc(deps, func(a, b *chart.Chart) int { return strings.Compare(a.Name(), b.Name()) })
+	for _, d := range deps {
+		sortDependencies(d)
+	}
+	ch.SetDependencies(deps...)
 }
 
 // extract writes the files of the module zip below each of dirs into
