@@ -25,9 +25,11 @@ go_test() {
 hack/install-deps.sh bench || exit 1
 KUBEBUILDER_ASSETS="$(hack/envtest-assets.sh)" || exit 1
 export KUBEBUILDER_ASSETS
-go_test -tags 'integration bench' -timeout 30m -run 'Bench' ./pxe/ ./bootstrap/ ./operators/tenantcluster/
+COZY_LAB_IMAGES="$(hack/lab-images.sh)" || exit 1
+export COZY_LAB_IMAGES
+go_test -tags 'integration bench' -timeout 30m -run 'Bench' ./pxe/ ./bootstrap/ ./operators/tenantcluster/ ./images/
 if [ "$lab" = 1 ]; then
-	COZY_BOOT_ASSETS="$(hack/boot-assets.sh)" COZY_NODE_ASSETS="$(hack/node-assets.sh)" COZY_LAB_IMAGES="$(hack/lab-images.sh)" \
+	COZY_BOOT_ASSETS="$(hack/boot-assets.sh)" COZY_NODE_ASSETS="$(hack/node-assets.sh)" \
 		COZY_NODE_BINARY="$PWD/bin/cozy-talos-node" \
 		go_test -tags 'integration lab bench' -timeout 100m -run 'TestBenchLab' ./lab/
 fi

@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,10 +82,13 @@ import (
 //     installs Cozy's CSI node chart from the repository into a second
 //     API server standing in for the tenant, and metrics-server's
 //     unreachable chart is reported on the TenantCluster (tenantAddons).
-//  5. With its dependency lifted, Flux pulls cert-manager v1.21.2's chart
-//     (made from its module) from the mirror and installs it; with a
-//     stand-in kubelet for its Deployments and post-install Job, the
-//     component is Ready.
+//  5. With its dependency lifted, Flux pulls cert-manager's chart (made
+//     from its module), pinned at v1.21.1, from the mirror and installs
+//     it; with a stand-in kubelet for its Deployments and post-install
+//     Job, the component is Ready.
+//  6. The pin moves to v1.21.2 in a new commit: Flux upgrades
+//     cert-manager from the mirror, and cozy-operator's Deployment does
+//     not change.
 func TestFluxReconcilesPlatform(t *testing.T) {
 	bin := fluxBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -97,16 +102,18 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	}
 	ns.Forward(t, apiURL.Host)
 
-	// The chart mirror: a registry holding cert-manager's chart alone,
-	// made from its module as `images mirror --rack` makes it.
-	reg := chartMirror(t, ctx, "cert-manager", "v1.21.2")
+	// The chart mirror: a registry holding cert-manager's chart alone, at
+	// two versions, made from its module as `images mirror --rack` makes it.
+	reg := chartMirror(t, ctx, "cert-manager", "v1.21.1", "v1.21.2")
 	ns.Forward(t, reg)
 
 	// The platform repository: the lab rack's rendering, reading the
-	// charts Cozy makes from the mirror.
+	// charts Cozy makes from the mirror, with cert-manager pinned one
+	// patch back (phase 6 upgrades it).
 	repoDir := t.TempDir()
 	r := labRack(t)
 	r.Platform.Mirror = "http://" + reg + "/charts"
+	r.Platform.Values = map[string]any{"versions": map[string]any{"certManager": "v1.21.1"}}
 	layout, err := render.Render(r)
 	if err != nil {
 		t.Fatal(err)
@@ -240,42 +247,125 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	// the component is Ready.
 	patch(kustomization("cert-manager"), `{"spec":{"dependsOn":null}}`)
 	go standInKubelet(ctx, env.Client, "cozy-cert-manager")
-	poll.Until(t, ctx, time.Second, "cert-manager, from the mirror, to be Ready", seen(func() (bool, string) {
-		rep = platformStatus(t, kubeconfig)
-		c := component(rep, "cert-manager")
-		return c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v", c)
-	}))
+	certManagerAt := func(version string) {
+		t.Helper()
+		poll.Until(t, ctx, time.Second, "cert-manager "+version+", from the mirror, to be Ready", seen(func() (bool, string) {
+			rep = platformStatus(t, kubeconfig)
+			c := component(rep, "cert-manager")
+			var d appsv1.Deployment
+			err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-cert-manager", Name: "cert-manager"}, &d)
+			at := err == nil && strings.HasSuffix(d.Spec.Template.Spec.Containers[0].Image, ":"+version)
+			return at && c != nil && c.Ready && len(c.Releases) == 1 && c.Releases[0].Ready, fmt.Sprintf("%+v, deployment %v", c, err)
+		}))
+	}
+	certManagerAt("v1.21.1")
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "certificates.cert-manager.io"}, &crd); err != nil {
 		t.Errorf("cert-manager's Certificate CRD, from the mirrored chart: %v", err)
 	}
-	var d appsv1.Deployment
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-cert-manager", Name: "cert-manager"}, &d); err != nil || !strings.HasSuffix(d.Spec.Template.Spec.Containers[0].Image, ":v1.21.2") {
-		t.Errorf("cert-manager's Deployment: %v, want the image at v1.21.2", err)
+
+	// Phase 6: the pin moves one patch up (the rack's default, v1.21.2),
+	// the rendering is committed, and Flux upgrades cert-manager from the
+	// mirror, and rolls nothing else: cozy-operator's chart, read from the
+	// repository with reconcileStrategy Revision, is upgraded to the new
+	// commit's build of the same chart (a Helm revision), but its objects
+	// do not change, so its Deployment does not roll.
+	operatorDeployment := func() int64 {
+		var d appsv1.Deployment
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Generation
 	}
+	operatorBefore, operatorHistory := operatorDeployment(), releaseHistory(t, ctx, env.Client, "cozy-system", "cozy-operator")
+	r.Platform.Values = nil
+	next, err := render.Render(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := pushLayout(t, git.URL, git.Branch, next)
+	if want := []string{"clusters/lab/components/cert-manager/cert-manager.yaml", "clusters/lab/values.yaml"}; !slices.Equal(changed, want) {
+		t.Errorf("the pin's upgrade changed %v in the repository, want %v", changed, want)
+	}
+	certManagerAt("v1.21.2")
+	if after := operatorDeployment(); after != operatorBefore {
+		t.Errorf("cozy-operator's Deployment went from generation %d to %d, but only cert-manager's pin moved", operatorBefore, after)
+	}
+	t.Logf("cozy-operator's release history: %s before, %s after", operatorHistory, releaseHistory(t, ctx, env.Client, "cozy-system", "cozy-operator"))
 	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
 }
 
-// chartMirror serves a registry on loopback holding the named upstream
-// chart, made from its module (through the go command's download cache)
-// and pushed under charts/ as `images mirror` pushes it. It returns the
-// registry's host:port.
-func chartMirror(t *testing.T, ctx context.Context, name, version string) string {
+// releaseHistory is a HelmRelease's history as helm-controller records
+// it: each release's version and chart, newest first.
+func releaseHistory(t *testing.T, ctx context.Context, c client.Client, namespace, name string) string {
 	t.Helper()
-	c, err := upstream.Find(name, version)
-	if err != nil {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("helm.toolkit.fluxcd.io/v2")
+	u.SetKind("HelmRelease")
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u); err != nil {
 		t.Fatal(err)
 	}
-	proxy, err := testenv.ModuleProxy(ctx, c.Module)
-	if err != nil {
+	history, _, _ := unstructured.NestedSlice(u.Object, "status", "history")
+	var out []string
+	for _, h := range history {
+		m, _ := h.(map[string]any)
+		out = append(out, fmt.Sprintf("v%v %v %v", m["version"], m["chartName"], m["chartVersion"]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// pushLayout commits layout over branch of the repository at gitURL, as
+// a user does after `platform render`, and returns the files the commit
+// changed.
+func pushLayout(t *testing.T, gitURL, branch string, layout *render.Layout) []string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "clone")
+	git := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=cozy", "-c", "user.email=cozy@example.invalid"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out, err := exec.Command("git", "clone", "--quiet", "--branch", branch, gitURL, dir).CombinedOutput(); err != nil {
+		t.Fatalf("git clone: %v\n%s", err, out)
+	}
+	if err := layout.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	made, err := upstream.Maker{Source: upstream.Source{Proxies: []string{proxy}, Cache: t.TempDir()}}.Make(ctx, name, version)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := images.ChartImage(made.Chart.Metadata, made.Archive)
-	if err != nil {
-		t.Fatal(err)
+	git("add", "-A")
+	git("commit", "--quiet", "-m", "platform: render")
+	git("push", "--quiet", "origin", "HEAD:"+branch)
+	return strings.Fields(git("diff", "--name-only", "HEAD~1", "HEAD"))
+}
+
+// chartMirror serves a registry on loopback holding the named upstream
+// chart at each version, made from its module (through the go command's
+// download cache) and pushed under charts/ as `images mirror` pushes it.
+// It returns the registry's host:port.
+func chartMirror(t *testing.T, ctx context.Context, name string, versions ...string) string {
+	t.Helper()
+	var charts []images.MirrorChart
+	cache := t.TempDir()
+	for _, version := range versions {
+		c, err := upstream.Find(name, version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy, err := testenv.ModuleProxy(ctx, c.Module)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made, err := upstream.Maker{Source: upstream.Source{Proxies: []string{proxy}, Cache: cache}}.Make(ctx, name, version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := images.ChartImage(made.Chart.Metadata, made.Archive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		charts = append(charts, images.MirrorChart{Name: name, Version: version, Image: img})
 	}
 	srv, err := registry.Listen("127.0.0.1:0", t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -292,8 +382,7 @@ func chartMirror(t *testing.T, ctx context.Context, name, version string) string
 	})
 	addr := srv.Addr().String()
 	if _, err := images.Mirror(ctx, images.MirrorOptions{
-		Registry: addr, Insecure: true, Source: &images.Upstream{},
-		Charts: []images.MirrorChart{{Name: name, Version: version, Image: img}},
+		Registry: addr, Insecure: true, Source: &images.Upstream{}, Charts: charts,
 	}); err != nil {
 		t.Fatal(err)
 	}

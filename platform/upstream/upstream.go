@@ -81,6 +81,15 @@ var Charts = []Chart{
 		From:       "make/manifests.mk: helm package --app-version=$(VERSION) --version=$(VERSION); the images' tags default to appVersion",
 	},
 	{
+		// One patch older: racks on it upgrade through the mirror.
+		Name: "cert-manager", Version: "v1.21.1",
+		Module:     module.Version{Path: "github.com/cert-manager/cert-manager", Version: "v1.21.1"},
+		Sum:        "h1:0LttV37Q5c2CBNoHkjuI8sLKTXWZDC2SwQkxrBMKV9w=",
+		Dir:        "deploy/charts/cert-manager",
+		AppVersion: "v1.21.1",
+		From:       "make/manifests.mk: helm package --app-version=$(VERSION) --version=$(VERSION); the images' tags default to appVersion",
+	},
+	{
 		Name: "metallb", Version: "0.15.2",
 		Module: module.Version{Path: "go.universe.tf/metallb", Version: "v0.15.2"},
 		Sum:    "h1:r7KDgJtk3KZe3qb36zRVrVCYHxLR03nPGT+qFXOomJM=",

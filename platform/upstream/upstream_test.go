@@ -230,7 +230,7 @@ func TestFind(t *testing.T) {
 		t.Errorf("cert-manager v1.21.2: %+v, %v", c, err)
 	}
 	for _, tt := range []struct{ name, version, want string }{
-		{"cert-manager", "v1.21.3", "no pinned module for that version (it has v1.21.2)"},
+		{"cert-manager", "v1.21.3", "no pinned module for that version (it has v1.21.1, v1.21.2)"},
 		{"kamaji", "26.3.6-edge", "cannot be made here"},
 		{"nginx", "1.0.0", "knows no module that carries it"},
 	} {
