@@ -5,7 +5,6 @@ package images
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"cozy.dev/cozy/images/registry"
 	"cozy.dev/cozy/internal/imageref"
 	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/prereq"
@@ -125,7 +123,7 @@ func TestBenchImagesMirror(t *testing.T) {
 			slices.Reverse(order)
 		}
 		for _, tool := range order {
-			reg := startBenchRegistry(t)
+			reg := startRegistry(t)
 			start := time.Now()
 			if err := tools[tool](reg); err != nil {
 				t.Fatalf("round %d, %s: %v", round, tool, err)
@@ -188,21 +186,4 @@ func artifactSize(t *testing.T, art *Artifact) int64 {
 		n += image(img)
 	}
 	return n
-}
-
-// startBenchRegistry serves an empty registry on loopback for one copy.
-func startBenchRegistry(t *testing.T) string {
-	t.Helper()
-	s, err := registry.Listen("127.0.0.1:0", t.TempDir(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return s.Addr().String()
 }

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/mod/module"
-
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/platform/upstream"
 )
@@ -22,12 +20,8 @@ import (
 // only the charts no module carries stay in NotListed. The whole list is
 // testdata/example-upstream.json (go test -tags integration -update).
 func TestListRendersUpstreamCharts(t *testing.T) {
-	var mods []module.Version
-	for _, c := range upstream.Charts {
-		mods = append(mods, c.Module)
-	}
 	ctx := context.Background()
-	proxy, err := testenv.ModuleProxy(ctx, mods...)
+	proxy, err := testenv.ModuleProxy(ctx, upstream.Modules()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/mod/module"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	helmregistry "helm.sh/helm/v3/pkg/registry"
 
@@ -25,11 +24,7 @@ import (
 // finds them there. The modules come from the go command's download cache
 // through --module-proxy file://, so nothing leaves the machine.
 func TestImagesMirrorCharts(t *testing.T) {
-	var mods []module.Version
-	for _, c := range upstream.Charts {
-		mods = append(mods, c.Module)
-	}
-	proxy, err := testenv.ModuleProxy(context.Background(), mods...)
+	proxy, err := testenv.ModuleProxy(context.Background(), upstream.Modules()...)
 	if err != nil {
 		t.Fatal(err)
 	}

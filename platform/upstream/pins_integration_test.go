@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/mod/module"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"cozy.dev/cozy/bootstrap/rack"
@@ -25,11 +24,7 @@ import (
 // the go command's download cache as a file:// proxy.
 func moduleSource(t *testing.T) upstream.Source {
 	t.Helper()
-	var mods []module.Version
-	for _, c := range upstream.Charts {
-		mods = append(mods, c.Module)
-	}
-	proxy, err := testenv.ModuleProxy(context.Background(), mods...)
+	proxy, err := testenv.ModuleProxy(context.Background(), upstream.Modules()...)
 	if err != nil {
 		t.Fatal(err)
 	}

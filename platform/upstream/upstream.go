@@ -118,6 +118,17 @@ var Unavailable = map[string]string{
 	"linstor-cluster": "it lives in piraeusdatastore/helm-charts, which is not a Go module",
 }
 
+// Modules are the modules of every chart in Charts, each once.
+func Modules() []module.Version {
+	var out []module.Version
+	for _, c := range Charts {
+		if !slices.Contains(out, c.Module) {
+			out = append(out, c.Module)
+		}
+	}
+	return out
+}
+
 // Find returns the chart name at version.
 func Find(name, version string) (Chart, error) {
 	var have []string
