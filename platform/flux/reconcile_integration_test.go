@@ -87,8 +87,8 @@ import (
 //     it; with a stand-in kubelet for its Deployments and post-install
 //     Job, the component is Ready.
 //  6. The pin moves to v1.21.2 in a new commit: Flux upgrades
-//     cert-manager from the mirror, and cozy-operator's Deployment does
-//     not change.
+//     cert-manager from the mirror, and cozy-operator's release and
+//     Deployment do not change.
 func TestFluxReconcilesPlatform(t *testing.T) {
 	bin := fluxBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -265,10 +265,9 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 
 	// Phase 6: the pin moves one patch up (the rack's default, v1.21.2),
 	// the rendering is committed, and Flux upgrades cert-manager from the
-	// mirror, and rolls nothing else: cozy-operator's chart, read from the
-	// repository with reconcileStrategy Revision, is upgraded to the new
-	// commit's build of the same chart (a Helm revision), but its objects
-	// do not change, so its Deployment does not roll.
+	// mirror, and nothing else: cozy-operator's chart, read from the same
+	// repository by its version (+ the digest of its files), keeps its
+	// release and its Deployment.
 	operatorDeployment := func() int64 {
 		var d appsv1.Deployment
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "cozy-system", Name: "cozy-operator"}, &d); err != nil {
@@ -290,7 +289,9 @@ func TestFluxReconcilesPlatform(t *testing.T) {
 	if after := operatorDeployment(); after != operatorBefore {
 		t.Errorf("cozy-operator's Deployment went from generation %d to %d, but only cert-manager's pin moved", operatorBefore, after)
 	}
-	t.Logf("cozy-operator's release history: %s before, %s after", operatorHistory, releaseHistory(t, ctx, env.Client, "cozy-system", "cozy-operator"))
+	if after := releaseHistory(t, ctx, env.Client, "cozy-system", "cozy-operator"); after != operatorHistory {
+		t.Errorf("cozy-operator's release went from %s to %s, but only cert-manager's pin moved", operatorHistory, after)
+	}
 	t.Logf("cozyctl platform status:\n%s", cozyctl(t, "platform", "status", "--kubeconfig", kubeconfig))
 }
 

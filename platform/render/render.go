@@ -9,12 +9,15 @@ package render
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -89,19 +92,52 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 	l.Files[path.Join(dir, ValuesFile)] = append([]byte(Header+"# The platform chart's values for this cluster (over its defaults).\n"), vals...)
 
 	for _, name := range charts.InRepository {
-		err = fs.WalkDir(charts.FS, name, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			data, err := fs.ReadFile(charts.FS, p)
-			l.Files[path.Join("charts", p)] = data
-			return err
-		})
-		if err != nil {
+		if err := copyChart(l, name); err != nil {
 			return nil, fmt.Errorf("copy chart %s: %w", name, err)
 		}
 	}
 	return l, nil
+}
+
+// copyChart puts Cozy's chart name into the layout under charts/, its
+// version given the build metadata +<digest of the chart's files>. Flux
+// reads these charts from the repository by version (ChartVersion, the
+// default): a chart whose files did not change keeps its version, so a
+// commit that touches something else does not upgrade its release, and
+// one that changes it does, without a hand-made version bump.
+func copyChart(l *Layout, name string) error {
+	files := map[string][]byte{}
+	err := fs.WalkDir(charts.FS, name, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		files[p], err = fs.ReadFile(charts.FS, p)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	// The digest is of the files with the version's build metadata left
+	// out, so that a chart already written with it (this repository's own
+	// charts/, which the lab's rendering rewrites) gets the same one.
+	meta := path.Join(name, "Chart.yaml")
+	version := regexp.MustCompile(`(?m)^version: *"?([^"+\s#]+)(\+[^"\s#]*)?"?`)
+	m := version.FindSubmatch(files[meta])
+	if m == nil {
+		return fmt.Errorf("%s: no version line (version: X.Y.Z)", meta)
+	}
+	files[meta] = version.ReplaceAll(files[meta], []byte("version: "+string(m[1])))
+	h := sha256.New()
+	for _, p := range sortedKeys(files) {
+		fmt.Fprintf(h, "%s\x00%d\x00", p, len(files[p]))
+		h.Write(files[p])
+	}
+	digest := hex.EncodeToString(h.Sum(nil))[:12]
+	files[meta] = version.ReplaceAll(files[meta], []byte("version: "+string(m[1])+"+"+digest))
+	for p, data := range files {
+		l.Files[path.Join("charts", p)] = data
+	}
+	return nil
 }
 
 // Owned are the folders, relative to the repository root, that a layout

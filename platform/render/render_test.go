@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -371,5 +372,29 @@ func TestComponentValues(t *testing.T) {
 	r := exampleRack(t, "prod", platformLine, platformLine+"  components:\n    networking:\n      values:\n        kubeovn: {replicaCount: 2}\n")
 	if _, err := render.Render(r); err == nil || !strings.Contains(err.Error(), "components.networking.values.kubeovn: component networking has no HelmRelease kubeovn (it has cilium, kube-ovn)") {
 		t.Errorf("a HelmRelease the component lacks: %v", err)
+	}
+}
+
+// Cozy's charts go into the repository versioned X.Y.Z+<digest of their
+// files>: the same files give the same version, another file another.
+func TestChartVersionFollowsItsFiles(t *testing.T) {
+	l := mustRender(t, exampleRack(t, "prod"))
+	again := mustRender(t, exampleRack(t, "prod"))
+	const meta = "charts/cozy-operator/Chart.yaml"
+	v := regexp.MustCompile(`(?m)^version: (0\.1\.0\+[0-9a-f]{12})$`).FindSubmatch(l.Files[meta])
+	if v == nil {
+		t.Fatalf("%s has no version 0.1.0+<digest>:\n%s", meta, l.Files[meta])
+	}
+	if !bytes.Equal(l.Files[meta], again.Files[meta]) {
+		t.Error("two renderings of the same chart give two versions")
+	}
+	other := regexp.MustCompile(`(?m)^version: (0\.1\.0\+[0-9a-f]{12})$`).FindSubmatch(l.Files["charts/kubevirt-csi-node/Chart.yaml"])
+	if other == nil || bytes.Equal(other[1], v[1]) {
+		t.Errorf("kubevirt-csi-node's version %q: want its own digest, not cozy-operator's %s", other, v[1])
+	}
+	// The HelmRelease reads it by version (Flux's default), not by the
+	// repository's revision.
+	if bytes.Contains(l.Files["clusters/prod/components/cozy-operator/cozy-operator.yaml"], []byte("reconcileStrategy")) {
+		t.Error("cozy-operator's HelmRelease sets a reconcileStrategy; by version is what the digest is for")
 	}
 }
