@@ -111,9 +111,10 @@ var Charts = []Chart{
 // Unavailable are the platform's charts that no module on the proxy
 // carries, and why.
 var Unavailable = map[string]string{
-	"kamaji": "github.com/clastix/kamaji is served by the module proxy only at v1.0.0 (2024); every edge tag's pseudo-version, " +
-		"and the one the pinned Kamaji control-plane provider v0.20.0 requires (v1.0.1-0.20260330073609-e51909fae3f5), is refused (403); " +
-		"its kamaji-etcd subchart lives in clastix/kamaji-etcd, which the proxy refuses too",
+	"kamaji": "github.com/clastix/kamaji is served by the module proxy at v1.0.0 (2024); the pseudo-versions of the 28 edge tags tried " +
+		"(edge-25.9.2 to edge-26.2.5, 26.3.6-edge, 26.4.5-edge, 26.6.1-edge), the one the pinned Kamaji control-plane provider v0.20.0 " +
+		"requires (v1.0.1-0.20260330073609-e51909fae3f5) among them, are refused (403); its kamaji-etcd subchart lives in " +
+		"clastix/kamaji-etcd, which the proxy refuses too",
 	"piraeus":         "github.com/piraeusdatastore/piraeus-operator/v2 is refused by the module proxy (403) at v2.4.1 to v2.9.1",
 	"linstor-cluster": "it lives in piraeusdatastore/helm-charts, which is not a Go module",
 }
