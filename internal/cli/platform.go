@@ -79,7 +79,7 @@ checked, and a warning says so.`,
 			if err != nil {
 				return fmt.Errorf("render the platform for %s: %w", rackFile, err)
 			}
-			if releases := render.Overridden(r); len(releases) > 0 {
+			if releases := layout.Overridden; len(releases) > 0 {
 				maker := chartMaker(moduleProxy)
 				if maker == nil {
 					g.Logger().Warn("the rack's component values are not checked against their charts (--module-proxy off)", "releases", releases)

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chartutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"cozy.dev/cozy/platform/status"
@@ -18,16 +16,12 @@ import (
 // component as off, since it has no Kustomization.
 const ComponentsConfigMap = status.ComponentsConfigMap
 
-// switchOff drops the folders of the components values switch off
+// switchOff drops the folders of the components the chart's values
+// (comps, its components section with defaults) switch off
 // (components.<name>.enabled: false; the chart already left out their
 // Kustomizations) and refuses a component left on that depends on one
 // switched off.
-func switchOff(c *chart.Chart, values map[string]any, files map[string]string) error {
-	all, err := chartutil.CoalesceValues(c, values)
-	if err != nil {
-		return err
-	}
-	comps, _, _ := unstructured.NestedMap(all, "components")
+func switchOff(comps map[string]any, files map[string]string) error {
 	var off []string
 	for name, v := range comps {
 		if m, _ := v.(map[string]any); m["enabled"] == false {

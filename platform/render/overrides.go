@@ -9,22 +9,16 @@ import (
 	"strings"
 
 	yaml "go.yaml.in/yaml/v3"
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chartutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// applyOverrides merges each component's values
-// (components.<component>.values.<HelmRelease>: {...}) over the values
-// the platform gives that HelmRelease, in the rendered files. Only the
+// applyOverrides merges each component's values (comps, the chart's
+// components section: components.<component>.values.<HelmRelease>: {...})
+// over the values the platform gives that HelmRelease, in the rendered
+// files, and returns the HelmReleases it merged into. Only the
 // HelmRelease's document is re-encoded; its comments are kept.
-func applyOverrides(c *chart.Chart, values map[string]any, files map[string]string) error {
-	all, err := chartutil.CoalesceValues(c, values)
-	if err != nil {
-		return err
-	}
-	comps, _, _ := unstructured.NestedMap(all, "components")
-	var problems []string
+func applyOverrides(comps map[string]any, files map[string]string) ([]string, error) {
+	var merged, problems []string
 	for _, comp := range sortedKeys(comps) {
 		overrides, _, _ := unstructured.NestedMap(comps, comp, "values")
 		for _, release := range sortedKeys(overrides) {
@@ -35,13 +29,15 @@ func applyOverrides(c *chart.Chart, values map[string]any, files map[string]stri
 			}
 			if err := override(files, comp, release, o); err != nil {
 				problems = append(problems, fmt.Sprintf("components.%s.values.%s: %v", comp, release, err))
+				continue
 			}
+			merged = append(merged, release)
 		}
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("platform components:\n- %s", strings.Join(problems, "\n- "))
+		return nil, fmt.Errorf("platform components:\n- %s", strings.Join(problems, "\n- "))
 	}
-	return nil
+	return merged, nil
 }
 
 // override merges o into the values of HelmRelease release in the files

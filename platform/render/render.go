@@ -20,6 +20,8 @@ import (
 	"regexp"
 	"strings"
 
+	"helm.sh/helm/v3/pkg/chartutil"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/bootstrap/rack"
@@ -41,6 +43,10 @@ type Layout struct {
 	// Files maps slash-separated paths relative to the repository root to
 	// their content.
 	Files map[string][]byte
+	// Overridden are the HelmReleases given values of their own
+	// (components.<name>.values.<HelmRelease>), in order: those whose
+	// charts `platform render` checks (CheckCharts).
+	Overridden []string
 }
 
 // Paths returns the layout's file paths in order.
@@ -66,10 +72,16 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := switchOff(c, values, files); err != nil {
+	all, err := chartutil.CoalesceValues(c, values)
+	if err != nil {
 		return nil, err
 	}
-	if err := applyOverrides(c, values, files); err != nil {
+	comps, _, _ := unstructured.NestedMap(all, "components")
+	if err := switchOff(comps, files); err != nil {
+		return nil, err
+	}
+	overridden, err := applyOverrides(comps, files)
+	if err != nil {
 		return nil, err
 	}
 	git, _ := values["git"].(map[string]any)
@@ -79,7 +91,7 @@ func RenderValues(values map[string]any, kubeVersion string) (*Layout, error) {
 		return nil, err
 	}
 
-	l := &Layout{ClusterDir: dir, Files: map[string][]byte{}}
+	l := &Layout{ClusterDir: dir, Files: map[string][]byte{}, Overridden: overridden}
 	for _, name := range sortedKeys(files) {
 		text := strings.TrimLeft(files[name], "\n")
 		text = strings.TrimRight(text, "\n") + "\n"

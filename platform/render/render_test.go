@@ -346,6 +346,15 @@ func TestComponentValues(t *testing.T) {
           global: {leaderElection: {namespace: kube-system}}
 `))
 	const file = "clusters/prod/components/cert-manager/cert-manager.yaml"
+	if !slices.Equal(l.Overridden, []string{"cert-manager"}) || plain.Overridden != nil {
+		t.Errorf("Overridden: %v with values, %v without; want [cert-manager] and none", l.Overridden, plain.Overridden)
+	}
+	// The same values through platform.values reach the same merge, and
+	// the same check.
+	viaValues := mustRender(t, exampleRack(t, "prod", platformLine, platformLine+"  values:\n    components:\n      cert-manager:\n        values:\n          cert-manager: {replicaCount: 2}\n"))
+	if !slices.Equal(viaValues.Overridden, []string{"cert-manager"}) || !bytes.Contains(viaValues.Files[file], []byte("replicaCount: 2")) {
+		t.Errorf("platform.values.components: Overridden %v", viaValues.Overridden)
+	}
 	for _, p := range l.Paths() {
 		if p != file && p != "clusters/prod/values.yaml" && !bytes.Equal(l.Files[p], plain.Files[p]) {
 			t.Errorf("%s changed, but only %s has values to merge", p, file)

@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/platform/upstream"
 )
 
@@ -82,16 +81,4 @@ func CheckCharts(ctx context.Context, l *Layout, maker upstream.ChartMaker, kube
 		return out, fmt.Errorf("the upstream charts refuse the platform's values:\n- %s", strings.Join(problems, "\n- "))
 	}
 	return out, nil
-}
-
-// Overridden are the HelmReleases the rack gives values of its own
-// (platform.components.<name>.values): those CheckCharts must see.
-func Overridden(r *rack.Rack) []string {
-	var out []string
-	for _, c := range r.Platform.Components {
-		for release := range c.Values {
-			out = append(out, release)
-		}
-	}
-	return out
 }
