@@ -16,7 +16,6 @@ package images
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"path"
@@ -391,21 +390,11 @@ func (b *builder) upstream(hr *unstructured.Unstructured, sources map[string]sou
 // (render.Chart for Cozy's charts, render.Template for upstream ones), as
 // Flux would install it, and adds the images of its pods.
 func (b *builder) renderChart(c *chart.Chart, hr *unstructured.Unstructured, renderer func(*chart.Chart, map[string]any, string, string, string) (map[string]string, error), neededBy func(container string) string) error {
-	values := map[string]any{}
-	if v, ok, _ := unstructured.NestedFieldNoCopy(hr.Object, "spec", "values"); ok {
-		// Values built in Go (the operator's) hold typed maps; a JSON
-		// round trip gives Helm the plain form a cluster would.
-		data, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		if err := json.Unmarshal(data, &values); err != nil {
-			return err
-		}
+	release, ns, values, err := render.ReleaseInputs(hr)
+	if err != nil {
+		return err
 	}
-	ns, _, _ := unstructured.NestedString(hr.Object, "spec", "targetNamespace")
-	release, _, _ := unstructured.NestedString(hr.Object, "spec", "releaseName")
-	files, err := renderer(c, values, cmp.Or(release, hr.GetName()), cmp.Or(ns, hr.GetNamespace()), "")
+	files, err := renderer(c, values, release, ns, "")
 	if err != nil {
 		return err
 	}

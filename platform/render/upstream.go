@@ -52,15 +52,9 @@ func CheckCharts(ctx context.Context, l *Layout, maker upstream.ChartMaker, kube
 		if err != nil {
 			return nil, fmt.Errorf("HelmRelease %s: %w", o.GetName(), err)
 		}
-		values := map[string]any{}
-		if v, ok, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values"); ok {
-			data, err := json.Marshal(v)
-			if err == nil {
-				err = json.Unmarshal(data, &values)
-			}
-			if err != nil {
-				return nil, err
-			}
+		release, ns, values, err := ReleaseInputs(o.Unstructured)
+		if err != nil {
+			return nil, fmt.Errorf("%s: HelmRelease %s: %w", o.File, o.GetName(), err)
 		}
 		fail := func(msg string) {
 			problems = append(problems, fmt.Sprintf("%s: HelmRelease %s (chart %s): %s", o.File, o.GetName(), c.Ref(), msg))
@@ -68,9 +62,7 @@ func CheckCharts(ctx context.Context, l *Layout, maker upstream.ChartMaker, kube
 		for _, k := range upstream.UnknownValues(p.Chart, values) {
 			fail("values key " + k + " is not one the chart defines")
 		}
-		ns, _, _ := unstructured.NestedString(o.Object, "spec", "targetNamespace")
-		release, _, _ := unstructured.NestedString(o.Object, "spec", "releaseName")
-		files, err := Template(p.Chart, values, cmp.Or(release, o.GetName()), cmp.Or(ns, o.GetNamespace()), kubeVersion)
+		files, err := Template(p.Chart, values, release, ns, kubeVersion)
 		if err != nil {
 			fail(err.Error())
 			continue
@@ -81,4 +73,25 @@ func CheckCharts(ctx context.Context, l *Layout, maker upstream.ChartMaker, kube
 		return out, fmt.Errorf("the upstream charts refuse the platform's values:\n- %s", strings.Join(problems, "\n- "))
 	}
 	return out, nil
+}
+
+// ReleaseInputs is what helm-controller installs a HelmRelease's chart
+// with: the release name (spec.releaseName, else the HelmRelease's), the
+// namespace (spec.targetNamespace, else the HelmRelease's) and the values.
+// The values go through JSON: those built in Go (the operator's) hold
+// typed maps, and Helm must see the plain form a cluster would give.
+func ReleaseInputs(hr *unstructured.Unstructured) (release, namespace string, values map[string]any, err error) {
+	release, _, _ = unstructured.NestedString(hr.Object, "spec", "releaseName")
+	namespace, _, _ = unstructured.NestedString(hr.Object, "spec", "targetNamespace")
+	values = map[string]any{}
+	if v, ok, _ := unstructured.NestedFieldNoCopy(hr.Object, "spec", "values"); ok {
+		data, err := json.Marshal(v)
+		if err == nil {
+			err = json.Unmarshal(data, &values)
+		}
+		if err != nil {
+			return "", "", nil, fmt.Errorf("values: %w", err)
+		}
+	}
+	return cmp.Or(release, hr.GetName()), cmp.Or(namespace, hr.GetNamespace()), values, nil
 }
