@@ -79,6 +79,8 @@ type Chart struct {
 	Name     string   `json:"name"`
 	Version  string   `json:"version"`
 	NeededBy []string `json:"neededBy"`
+	// Made is the chart as the list made it, for `images mirror` to push.
+	Made *upstream.Packaged `json:"-"`
 }
 
 // ChartMaker makes the upstream charts the platform installs, so that
@@ -102,8 +104,8 @@ func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker) (*List, error
 type builder struct {
 	ctx       context.Context
 	charts    ChartMaker
-	made      map[[2]string][]string // chart {name, version} -> needed by
-	needs     map[string][]string    // canonical ref -> needed by
+	made      map[[2]string]*Chart // chart {name, version} -> the chart
+	needs     map[string][]string  // canonical ref -> needed by
 	notListed []string
 	err       error
 }
@@ -135,9 +137,9 @@ func (b *builder) list() (*List, error) {
 	for _, k := range slices.SortedFunc(maps.Keys(b.made), func(a, b [2]string) int {
 		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
 	}) {
-		needs := b.made[k]
-		slices.Sort(needs)
-		l.Charts = append(l.Charts, Chart{Name: k[0], Version: k[1], NeededBy: needs})
+		c := b.made[k]
+		slices.Sort(c.NeededBy)
+		l.Charts = append(l.Charts, *c)
 	}
 	slices.Sort(b.notListed)
 	l.NotListed = slices.Compact(b.notListed)
@@ -377,11 +379,14 @@ func (b *builder) upstream(hr *unstructured.Unstructured, sources map[string]sou
 		return nil
 	}
 	if b.made == nil {
-		b.made = map[[2]string][]string{}
+		b.made = map[[2]string]*Chart{}
 	}
 	k := [2]string{name, version}
-	if !slices.Contains(b.made[k], what) {
-		b.made[k] = append(b.made[k], what)
+	if b.made[k] == nil {
+		b.made[k] = &Chart{Name: name, Version: version, Made: p}
+	}
+	if c := b.made[k]; !slices.Contains(c.NeededBy, what) {
+		c.NeededBy = append(c.NeededBy, what)
 	}
 	return b.renderChart(p.Chart, hr, render.Template, neededBy)
 }

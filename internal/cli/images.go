@@ -204,11 +204,7 @@ func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker im
 		p.chartPath, p.chartHost = m.Path, m.Host
 	}
 	for _, c := range l.Charts {
-		made, err := maker.Make(ctx, c.Name, c.Version)
-		if err != nil {
-			return nil, err
-		}
-		img, err := images.ChartImage(made.Chart.Metadata, made.Archive)
+		img, err := images.ChartImage(c.Made.Chart.Metadata, c.Made.Archive)
 		if err != nil {
 			return nil, err
 		}
