@@ -53,8 +53,13 @@ func switchOff(comps map[string]any, files map[string]string) error {
 	for _, name := range sortedKeys(needs) {
 		on := needs[name]
 		slices.Sort(on)
-		problems = append(problems, fmt.Sprintf("components.%s is switched off, but %s depend%s on it: switch %s off too, or keep %s",
-			name, strings.Join(on, ", "), map[bool]string{true: "s", false: ""}[len(on) == 1], strings.Join(on, ", "), name))
+		p := fmt.Sprintf("components.%s is switched off, but %s depend%s on it: switch %s off too, or keep %s",
+			name, strings.Join(on, ", "), map[bool]string{true: "s", false: ""}[len(on) == 1], strings.Join(on, ", "), name)
+		if name == "networking" {
+			// The platform's chart drops these dependencies on a flannel cluster.
+			p += ", or bootstrap with cluster.cni: flannel (Talos's flannel then stays the cluster's network)"
+		}
+		problems = append(problems, p)
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("platform components:\n- %s", strings.Join(problems, "\n- "))

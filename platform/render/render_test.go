@@ -330,6 +330,57 @@ func TestComponentSwitch(t *testing.T) {
 	}
 }
 
+// Networking (Kube-OVN and Cilium) can be off only where the cluster has a
+// network of its own, Talos's flannel: then the components that wait for
+// networking wait for nothing, and stay on.
+func TestNetworkingSwitch(t *testing.T) {
+	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
+	off := platformLine + "  components:\n    networking: {enabled: false}\n"
+
+	r := exampleRack(t, "prod", platformLine, off)
+	if _, err := render.Render(r); err == nil || !strings.Contains(err.Error(), "components.networking is switched off, but cdi, cert-manager") ||
+		!strings.Contains(err.Error(), "cluster.cni: flannel") {
+		t.Errorf("networking off on a cluster without a network: %v, want a refusal naming cluster.cni: flannel", err)
+	}
+
+	r.Cluster.CNI = rack.CNIFlannel
+	l := mustRender(t, r)
+	objs, err := l.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var on []string
+	for _, o := range objs {
+		if o.GetKind() != "Kustomization" || o.GetAPIVersion() != "kustomize.toolkit.fluxcd.io/v1" {
+			continue
+		}
+		on = append(on, o.GetName())
+		deps, _, _ := unstructured.NestedSlice(o.Object, "spec", "dependsOn")
+		for _, d := range deps {
+			if d.(map[string]any)["name"] == "networking" {
+				t.Errorf("%s still depends on networking, which is off", o.GetName())
+			}
+		}
+	}
+	if slices.Contains(on, "networking") || !slices.Contains(on, "cert-manager") || len(on) != 11 {
+		t.Errorf("Kustomizations %v, want every component but networking", on)
+	}
+	// On, networking stays a dependency on a flannel cluster: the
+	// platform's network replaces flannel before the rest installs.
+	r.Platform.Components = nil
+	objs, err = mustRender(t, r).Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Kustomization" && o.GetName() == "cert-manager" {
+			if deps, _, _ := unstructured.NestedSlice(o.Object, "spec", "dependsOn"); len(deps) != 1 {
+				t.Errorf("cert-manager depends on %v, want networking", deps)
+			}
+		}
+	}
+}
+
 // A component's values are merged over what the platform gives its
 // HelmRelease: maps key by key, the rest replaced; the document keeps its
 // comments and every other file is unchanged. A HelmRelease the

@@ -50,6 +50,7 @@ func Values(r *rack.Rack) (map[string]any, error) {
 		"cluster": map[string]any{
 			"name":   r.Metadata.Name,
 			"domain": r.Cluster.DNSDomain,
+			"cni":    r.Cluster.CNI,
 		},
 		"network": map[string]any{
 			"podCIDR":               pod.String(),

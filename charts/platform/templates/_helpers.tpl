@@ -31,7 +31,8 @@ platform.path: the folder of component .component in the Git repository.
 platform.kustomization: the Flux Kustomization that applies one component's
 folder and is Ready only when everything it applied is healthy. Arguments:
 root, component, dependsOn (list), timeout, healthCheckExprs (list).
-Nothing when the component is switched off.
+Nothing when the component is switched off. A dependency on networking is
+dropped when networking is off on a flannel cluster (cluster.cni).
 */}}
 {{- define "platform.kustomization" -}}
 {{- if (index .root.Values.components .component).enabled }}
@@ -44,7 +45,14 @@ metadata:
   labels:
     {{- include "platform.labels" . | nindent 4 }}
 spec:
-  {{- with (get . "dependsOn") }}
+  {{- $deps := list }}
+  {{- range (get . "dependsOn" | default list) }}
+  {{- /* With networking off, a flannel cluster keeps Talos's flannel as its network. */}}
+  {{- if not (and (eq . "networking") (not $.root.Values.components.networking.enabled) (eq $.root.Values.cluster.cni "flannel")) }}
+  {{- $deps = append $deps . }}
+  {{- end }}
+  {{- end }}
+  {{- with $deps }}
   dependsOn:
     {{- range . }}
     - name: {{ . }}
