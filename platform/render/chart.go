@@ -76,6 +76,13 @@ func renderChart(c *chart.Chart, values map[string]any, release, namespace, kube
 	if want := c.Metadata.KubeVersion; want != "" && !chartutil.IsCompatibleRange(want, caps.KubeVersion.String()) {
 		return nil, fmt.Errorf("chart %s needs Kubernetes %s, the cluster runs %s", c.Name(), want, caps.KubeVersion.String())
 	}
+	// As helm install does: subcharts whose condition or tags the values
+	// turn off are dropped (metallb's frr-k8s), and import-values merged.
+	// It edits the chart, so on a copy: callers reuse theirs.
+	c = cloneChart(c)
+	if err := chartutil.ProcessDependenciesWithMerge(c, values); err != nil {
+		return nil, fmt.Errorf("chart %s dependencies: %w", c.Name(), err)
+	}
 	vals, err := chartutil.CoalesceValues(c, values)
 	if err != nil {
 		return nil, fmt.Errorf("chart %s values: %w", c.Name(), err)
@@ -196,4 +203,26 @@ func humanize(details string, schema []byte) string {
 		}
 		return m
 	})
+}
+
+// cloneChart copies what ProcessDependencies edits: the chart, its
+// metadata's dependency list, and its subcharts, recursively. Templates,
+// files and values are shared, unchanged.
+func cloneChart(c *chart.Chart) *chart.Chart {
+	cp := *c
+	if c.Metadata != nil {
+		md := *c.Metadata
+		md.Dependencies = nil
+		for _, d := range c.Metadata.Dependencies {
+			dc := *d
+			md.Dependencies = append(md.Dependencies, &dc)
+		}
+		cp.Metadata = &md
+	}
+	var subs []*chart.Chart
+	for _, d := range c.Dependencies() {
+		subs = append(subs, cloneChart(d))
+	}
+	cp.SetDependencies(subs...)
+	return &cp
 }
