@@ -140,6 +140,7 @@ func installPlatform(ctx context.Context, opts UpOptions, kubeconfig string) err
 	}
 	p := *opts.Platform
 	p.Git = platform.GitFromRack(opts.Rack)
+	p.ClusterDomain = opts.Rack.Cluster.DNSDomain
 	if p.Log == nil {
 		p.Log = opts.Log
 	}

@@ -26,6 +26,9 @@ type InstallOptions struct {
 	// Manifests are Flux's install manifests (see flux.Load): "" for the
 	// pinned release's.
 	Manifests string
+	// ClusterDomain is the cluster's DNS domain (rack cluster.dnsDomain),
+	// which Flux's controllers address each other in; "" is cluster.local.
+	ClusterDomain string
 	// Wait is how long to wait for Flux to apply the cluster's folder;
 	// 0 does not wait.
 	Wait time.Duration
@@ -49,10 +52,11 @@ func Install(ctx context.Context, cfg *rest.Config, opts InstallOptions) error {
 		return fmt.Errorf("connect to %s: %w", cfg.Host, err)
 	}
 	return flux.Install(ctx, c, flux.Options{
-		Manifests: objs,
-		Git:       opts.Git,
-		Wait:      opts.Wait,
-		Progress:  func(msg string) { log.Info(msg) },
+		Manifests:     objs,
+		Git:           opts.Git,
+		ClusterDomain: opts.ClusterDomain,
+		Wait:          opts.Wait,
+		Progress:      func(msg string) { log.Info(msg) },
 		Ready: func(ctx context.Context) (bool, string, error) {
 			return status.RootReady(ctx, c, flux.Namespace, flux.SyncName)
 		},

@@ -160,6 +160,9 @@ Git settings come from the flags, else from the rack's platform.git.`,
 				if !f.Changed("path") {
 					p.Git.Path = fromRack.Path
 				}
+				if !f.Changed("cluster-domain") {
+					p.ClusterDomain = r.Cluster.DNSDomain
+				}
 			}
 			cfg, err := g.RESTConfig()
 			if err != nil {
@@ -175,7 +178,8 @@ Git settings come from the flags, else from the rack's platform.git.`,
 	}
 	cmd.Flags().StringVar(&p.Manifests, "flux-manifests", "", fluxManifestsUsage)
 	cmd.Flags().DurationVar(&p.Wait, "wait", 5*time.Minute, "how long to wait for Flux to reconcile the cluster's folder (0: do not wait)")
-	cmd.Flags().StringVar(&rackFile, "rack", "", "take the Git settings from the rack's platform.git")
+	cmd.Flags().StringVar(&rackFile, "rack", "", "take the Git settings from the rack's platform.git, and the cluster domain from its cluster.dnsDomain")
+	cmd.Flags().StringVar(&p.ClusterDomain, "cluster-domain", rack.DefaultDNSDomain, "the cluster's DNS domain (a rack's cluster.dnsDomain, "+rack.DefaultDNSDomain+" by default), which Flux's controllers reach each other in (as flux install --cluster-domain)")
 	cmd.Flags().StringVar(&p.Git.URL, "git-url", "", "the platform repository (https://, http:// or ssh://)")
 	cmd.Flags().StringVar(&p.Git.Branch, "git-branch", "main", "the branch Flux follows")
 	cmd.Flags().StringVar(&p.Git.Path, "path", "", "the cluster's folder in the repository, e.g. clusters/<name>")

@@ -176,6 +176,57 @@ func TestSplitOrdersCRDsFirst(t *testing.T) {
 	}
 }
 
+// The controllers' in-cluster addresses follow the cluster's domain, as
+// `flux install --cluster-domain` makes them; the manifests given are
+// left as they were.
+func TestWithClusterDomain(t *testing.T) {
+	const deployment = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: source-controller, namespace: flux-system}
+spec:
+  template:
+    spec:
+      containers:
+      - name: manager
+        args:
+        - --watch-all-namespaces
+        - --storage-adv-addr=source-controller.$(RUNTIME_NAMESPACE).svc.cluster.local.
+        - --events-addr=http://notification-controller.flux-system.svc.cluster.local./
+`
+	objs, err := Decode([]byte(deployment+"---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: flux-system, annotations: {a: x.svc.cluster.local}}\n"), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := func(u *unstructured.Unstructured) []any {
+		cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		return cs[0].(map[string]any)["args"].([]any)
+	}
+	for _, tt := range []struct{ domain, want string }{
+		{"", "source-controller.$(RUNTIME_NAMESPACE).svc.cluster.local."},
+		{"cluster.local", "source-controller.$(RUNTIME_NAMESPACE).svc.cluster.local."},
+		{"cozy.local", "source-controller.$(RUNTIME_NAMESPACE).svc.cozy.local."},
+	} {
+		got, err := withClusterDomain(objs, tt.domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := args(got[0])
+		if a[1] != "--storage-adv-addr="+tt.want || a[0] != "--watch-all-namespaces" ||
+			!strings.Contains(a[2].(string), ".svc."+map[bool]string{true: "cluster.local", false: tt.domain}[tt.domain == ""]+"./") {
+			t.Errorf("domain %q: args %v", tt.domain, a)
+		}
+		if got[1].GetAnnotations()["a"] != "x.svc.cluster.local" {
+			t.Errorf("domain %q: a Service was edited: %v", tt.domain, got[1].GetAnnotations())
+		}
+	}
+	if a := args(objs[0]); a[1] != "--storage-adv-addr=source-controller.$(RUNTIME_NAMESPACE).svc.cluster.local." {
+		t.Errorf("the manifests given were edited: %v", a)
+	}
+	if _, err := withClusterDomain(objs, "Bad_Domain"); err == nil || !strings.Contains(err.Error(), "not a DNS name") {
+		t.Errorf("a bad domain: %v", err)
+	}
+}
+
 func TestGitValidate(t *testing.T) {
 	ok := Git{URL: "https://git.example.com/platform.git", Path: "clusters/lab"}
 	tests := []struct {

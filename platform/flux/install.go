@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -54,6 +55,11 @@ type Options struct {
 	// cluster's folder (its root Kustomization Ready); 0 returns once
 	// everything is applied.
 	Wait time.Duration
+	// ClusterDomain is the cluster's DNS domain (the rack's
+	// cluster.dnsDomain); the controllers' in-cluster addresses are
+	// rewritten from the manifests' cluster.local to it, as `flux install
+	// --cluster-domain` does. Empty keeps cluster.local.
+	ClusterDomain string
 	// Poll is how often waits look again (default 2s).
 	Poll time.Duration
 	// Progress, if set, hears each step.
@@ -83,7 +89,11 @@ func Install(ctx context.Context, c client.Client, opts Options) error {
 		progress = func(string) {}
 	}
 
-	crds, namespaces, rest := split(opts.Manifests)
+	manifests, err := withClusterDomain(opts.Manifests, opts.ClusterDomain)
+	if err != nil {
+		return err
+	}
+	crds, namespaces, rest := split(manifests)
 	progress(fmt.Sprintf("applying %d Flux CRDs", len(crds)))
 	if err := apply(ctx, c, crds); err != nil {
 		return err
@@ -133,6 +143,49 @@ func Install(ctx context.Context, c client.Client, opts Options) error {
 		case <-time.After(opts.Poll):
 		}
 	}
+}
+
+// defaultDomain is the cluster domain Flux's release manifests name.
+const defaultDomain = "cluster.local"
+
+var dnsName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$`)
+
+// withClusterDomain returns copies of the manifests whose Deployments'
+// container arguments name domain instead of cluster.local in service
+// addresses (source-controller's --storage-adv-addr, which the other
+// controllers fetch artifacts from; --events-addr): what `flux install
+// --cluster-domain` templates. Without it, on a cluster whose domain is
+// not cluster.local, kustomize- and helm-controller never get an artifact.
+func withClusterDomain(objs []*unstructured.Unstructured, domain string) ([]*unstructured.Unstructured, error) {
+	if domain == "" || domain == defaultDomain {
+		return objs, nil
+	}
+	if !dnsName.MatchString(domain) {
+		return nil, fmt.Errorf("cluster domain %q is not a DNS name", domain)
+	}
+	out := make([]*unstructured.Unstructured, 0, len(objs))
+	for _, u := range objs {
+		if u.GetKind() != "Deployment" {
+			out = append(out, u)
+			continue
+		}
+		u = u.DeepCopy()
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, ct := range containers {
+			m, _ := ct.(map[string]any)
+			args, _ := m["args"].([]any)
+			for i, a := range args {
+				if s, ok := a.(string); ok {
+					args[i] = strings.ReplaceAll(s, ".svc."+defaultDomain, ".svc."+domain)
+				}
+			}
+		}
+		if err := unstructured.SetNestedSlice(u.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+			return nil, fmt.Errorf("Deployment %s: %w", objectName(u), err)
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 // split orders the manifests: CRDs, then namespaces, then the rest.
