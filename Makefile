@@ -65,13 +65,15 @@ unit: ## Unit tests: fast, no root, no API server
 	$(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: node
-node: envtest ## Build (once, cached) containerd, the CNI plugins and the images the nodes pull (pause, CoreDNS, flannel, kube-proxy, busybox)
+node: envtest ## Build (once, cached) containerd, the CNI plugins, the images the nodes pull (pause, CoreDNS, flannel, kube-proxy, busybox) and the platform's (Flux, MetalLB)
 	hack/node-assets.sh >/dev/null
 	hack/lab-images.sh >/dev/null
+	hack/platform-images.sh >/dev/null
 
 # What the tests that run nodes need, built and cached by the hack scripts.
 NODE_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(hack/boot-assets.sh)" \
-	COZY_NODE_ASSETS="$$(hack/node-assets.sh)" COZY_LAB_IMAGES="$$(hack/lab-images.sh)"
+	COZY_NODE_ASSETS="$$(hack/node-assets.sh)" COZY_LAB_IMAGES="$$(hack/lab-images.sh)" \
+	COZY_PLATFORM_IMAGES="$$(hack/platform-images.sh)"
 
 .PHONY: test
 test: envtest flux capi node ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, a cluster of emulated nodes in namespaces, QEMU netboot (root)

@@ -61,10 +61,15 @@ type clusterNode struct {
 // procCluster is a process-tier cluster: its nodes, its Talos client
 // config and kubectl against its first control plane.
 type procCluster struct {
-	nodes   []*clusterNode
-	domain  string
-	talos   *clientconfig.Config
-	kubectl clustertest.Kubectl
+	nodes  []*clusterNode
+	domain string
+	rack   *rack.Rack
+	sw     *netnstest.NS // the namespace of the bridge and the mirror
+	// kubeconfig is the admin kubeconfig's file; its server is the first
+	// control plane inside the cluster's network (see kubeAPI).
+	kubeconfig string
+	talos      *clientconfig.Config
+	kubectl    clustertest.Kubectl
 	// kubectlVia runs kubectl against another control plane's API.
 	kubectlVia func(n *clusterNode, args ...string) (string, error)
 	// kubectlCmd makes a kubectl command against a control plane's API.
@@ -198,7 +203,7 @@ machines:
 			n.kubeAPI = n.ns.Expose(t, net.JoinHostPort(n.ip, "6443"))
 		}
 	}
-	c := &procCluster{nodes: nodes, domain: r.Cluster.DNSDomain, talos: tc}
+	c := &procCluster{nodes: nodes, domain: r.Cluster.DNSDomain, rack: r, sw: sw, kubeconfig: kc, talos: tc}
 	c.kubectlCmd = func(ctx context.Context, n *clusterNode, args ...string) *exec.Cmd {
 		// The API server's certificate names 127.0.0.1, where it is
 		// exposed.
@@ -443,12 +448,19 @@ func startMirror(t *testing.T, ns *netnstest.NS, addr, layout string) {
 			t.Errorf("registry: %v", err)
 		}
 	})
+	mirrorLayout(t, ctx, ns, addr, layout, nil)
+}
+
+// mirrorLayout pushes every image of an OCI layout, and charts, to the
+// registry at addr inside ns.
+func mirrorLayout(t *testing.T, ctx context.Context, ns *netnstest.NS, addr, layout string, charts []images.MirrorChart) {
+	t.Helper()
 	src, err := images.OpenLayout(layout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := images.Mirror(ctx, images.MirrorOptions{
-		Registry: addr, Insecure: true, Source: src, Refs: src.Refs(),
+		Registry: addr, Insecure: true, Source: src, Refs: src.Refs(), Charts: charts,
 		Transport: &http.Transport{DialContext: ns.DialContext},
 	}); err != nil {
 		t.Fatalf("mirror %s: %v", layout, err)
