@@ -181,7 +181,7 @@ func withClusterDomain(objs []*unstructured.Unstructured, domain string) ([]*uns
 			}
 		}
 		if err := unstructured.SetNestedSlice(u.Object, containers, "spec", "template", "spec", "containers"); err != nil {
-			return nil, fmt.Errorf("Deployment %s: %w", objectName(u), err)
+			return nil, fmt.Errorf("deployment %s: %w", objectName(u), err)
 		}
 		out = append(out, u)
 	}
