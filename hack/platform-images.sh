@@ -6,7 +6,7 @@
 # pulls from. Nothing is pulled: the binaries come from the Go module
 # proxy, the CA bundle from Debian's ca-certificates.
 #
-#   hack/platform-images.sh [OUTDIR]
+#   hack/platform-images.sh
 #
 #   ghcr.io/fluxcd/source-controller:v1.9.6     the binaries hack/flux-controllers.sh builds
 #   ghcr.io/fluxcd/kustomize-controller:v1.9.6
@@ -20,8 +20,8 @@
 # The layout is cached in $COZY_CACHE_DIR/platform-images/<key>, the key
 # naming every version, ca-certificates' version and a hash of the Go
 # version and of the code that packs the images; built in a temporary
-# directory and renamed into place. With OUTDIR, the layout is also
-# copied there (OUTDIR must not exist) and OUTDIR is printed.
+# directory and renamed into place, so an interrupted build never leaves
+# a half-written one.
 #
 # Measured on 2 cores (2026-12-04): MetalLB's two binaries take about a
 # minute with the Go build cache warm from Cozy's own build (they share
@@ -36,7 +36,7 @@ metallb_version=v0.15.2 # the platform's pin (charts/platform/values.yaml versio
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/platformimages/main.go" ]] || { echo "platform-images: run it from a Cozy source tree" >&2; exit 1; }
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
-outdir="${1:-}"
+(($# == 0)) || { echo "usage: hack/platform-images.sh (prints the layout's directory)" >&2; exit 2; }
 
 log() { echo "platform-images: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -59,21 +59,8 @@ build_hash="$(cd "$repo" && {
 key="flux-${source_version}-${kustomize_version}-${helm_version}_metallb-${metallb_version}_ca-${ca_deb}_build-${build_hash}"
 out="$cache_root/platform-images/$key"
 
-publish() {
-	if [[ -z $outdir ]]; then
-		echo "$out"
-		return
-	fi
-	[[ ! -e $outdir ]] || die "$outdir exists: give a new directory"
-	local tmp
-	tmp="$(mktemp -d "$(dirname "$outdir")/.platform-images.XXXXXX")"
-	cp -a --reflink=auto "$out/." "$tmp/"
-	mv -T "$tmp" "$outdir"
-	echo "$outdir"
-}
-
 if [[ -f "$out/index.json" ]]; then
-	publish
+	echo "$out"
 	exit 0
 fi
 
@@ -110,4 +97,4 @@ log "packing the images"
 	-metallb-controller "$work/controller" -metallb-speaker "$work/speaker" -metallb-tag "$metallb_version"
 chmod 0755 "$work/layout"
 mv -T "$work/layout" "$out" 2>/dev/null || [[ -f "$out/index.json" ]] || die "cannot move the layout to $out"
-publish
+echo "$out"
