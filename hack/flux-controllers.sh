@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds Flux's source-controller, kustomize-controller and helm-controller
 # from the Go module proxy (no release images or binaries are reachable
-# here) for the platform's reconcile test, and prints the directory that
+# here) for the platform's reconcile test and their images
+# (hack/platform-images.sh), writes their install manifests beside them
+# (install.yaml, from the modules' config/), and prints the directory that
 # holds them (use it as COZY_FLUX_BIN).
 #
 #   hack/flux-controllers.sh
@@ -24,9 +26,32 @@ helm_version=v1.6.4
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 out="$cache_root/flux/source-${source_version}_kustomize-${kustomize_version}_helm-${helm_version}"
 
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log() { echo "flux-controllers: $*" >&2; }
+
 runs() { [[ -x "$out/$1" ]] && "$out/$1" --help >/dev/null 2>&1; }
 have() { runs source-controller && runs kustomize-controller && runs helm-controller; }
+
+# manifests writes $out/install.yaml, the controllers' install manifests
+# kustomized from their modules' config/ as a release's install.yaml is
+# (hack/fluxmanifests), for `platform install --flux-manifests` where the
+# release cannot be downloaded (the lab).
+manifests() {
+	[[ -f "$out/install.yaml" ]] && return
+	local tmpmod nv dir args=()
+	tmpmod="$(mktemp -d)"
+	printf 'module x\n' >"$tmpmod/go.mod"
+	for nv in "source-controller@$source_version" "kustomize-controller@$kustomize_version" "helm-controller@$helm_version"; do
+		dir="$(cd "$tmpmod" && GOFLAGS=-mod=mod go mod download -json "github.com/fluxcd/$nv" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+		[[ -d $dir ]] || { log "cannot download github.com/fluxcd/$nv"; rm -rf "$tmpmod"; exit 1; }
+		args+=("$nv=$dir")
+	done
+	rm -rf "$tmpmod"
+	(cd "$repo" && GOFLAGS=-buildvcs=false go run ./hack/fluxmanifests -o "$out/install.yaml" "${args[@]}" >&2)
+}
+
 if have; then
+	manifests
 	echo "$out"
 	exit 0
 fi
@@ -35,7 +60,6 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$out"
 work="$(mktemp -d "$cache_root/flux/.build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-log() { echo "flux-controllers: $*" >&2; }
 
 # build NAME VERSION [EXTRA_REPLACE...]
 build() {
@@ -81,4 +105,5 @@ runs kustomize-controller || build kustomize-controller "$kustomize_version"
 runs helm-controller || build helm-controller "$helm_version"
 
 have || { log "built controllers in $out do not run"; exit 1; }
+manifests
 echo "$out"

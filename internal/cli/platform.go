@@ -3,8 +3,11 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +16,7 @@ import (
 	"cozy.dev/cozy/internal/output"
 	"cozy.dev/cozy/platform"
 	"cozy.dev/cozy/platform/flux"
+	"cozy.dev/cozy/platform/gitserver"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/status"
 )
@@ -22,7 +26,7 @@ func newPlatformCommand(g *Globals) *cobra.Command {
 		Use:   "platform",
 		Short: "Render, install and follow the Flux-reconciled platform layer",
 	}
-	cmd.AddCommand(newPlatformRenderCommand(g), newPlatformInstallCommand(g), newPlatformStatusCommand(g))
+	cmd.AddCommand(newPlatformRenderCommand(g), newPlatformInstallCommand(g), newPlatformStatusCommand(g), newPlatformServeGitCommand(g))
 	return cmd
 }
 
@@ -288,5 +292,43 @@ runs out; the last status is printed either way.`,
 		},
 	}
 	cmd.Flags().DurationVar(&wait, "wait", 0, "poll until every component is Ready, failing after this long")
+	return cmd
+}
+
+func newPlatformServeGitCommand(g *Globals) *cobra.Command {
+	var listen, dir string
+	cmd := &cobra.Command{
+		Use:   "serve-git --listen ADDR --dir DIR",
+		Short: "Serve the platform's Git repositories to Flux, read-only, over HTTP",
+		Long: `Serve every bare repository under DIR (DIR/NAME.git at http://ADDR/NAME.git)
+over Git's smart HTTP protocol, through git http-backend (Debian's git), for
+a rack or lab without a Git server of its own: point the rack's
+platform.git.url at it. Clones and fetches only: pushes are refused.
+
+It speaks plain HTTP without authentication, for a private network:
+listen on that network's address. SIGTERM or SIGINT stops it after the
+requests in flight (at most 10s). cozyctl lab up --platform runs it on the
+lab's bridge.`,
+		Example: `  cozyctl platform serve-git --listen 10.0.0.1:8080 --dir /var/lib/cozy/git`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				return fmt.Errorf("--dir %s: not a directory of repositories (%v)", dir, err)
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			g.Logger().Info("serving the platform's repositories", "dir", dir, "listen", ln.Addr().String())
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return gitserver.Serve(ctx, ln, dir)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "", "address to listen on, HOST:PORT (required)")
+	cmd.Flags().StringVar(&dir, "dir", "", "directory of the bare repositories (required)")
+	_ = cmd.MarkFlagRequired("listen")
+	_ = cmd.MarkFlagRequired("dir")
+	_ = cmd.MarkFlagDirname("dir")
 	return cmd
 }

@@ -227,10 +227,6 @@ spec:
 // bridge's address beside the mirror.
 func serveGit(t *testing.T, c *procCluster, root string) {
 	t.Helper()
-	h, err := gitserver.Handler(root)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var ln net.Listener
 	if err := c.sw.Do(func() (err error) {
 		ln, err = net.Listen("tcp", gitAddr)
@@ -238,9 +234,15 @@ func serveGit(t *testing.T, c *procCluster, root string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gitserver.Serve(ctx, ln, root) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("git server: %v", err)
+		}
+	})
 }
 
 // clusterClient is a client of the cluster's API, through its first

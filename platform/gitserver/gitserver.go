@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/cgi"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // Handler serves every bare repository under root (root/NAME.git at
@@ -40,6 +42,33 @@ func Handler(root string) (http.Handler, error) {
 		Root: "/",
 		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
 	}, nil
+}
+
+// Serve serves the repositories under root on ln until ctx ends, then
+// lets the requests in flight finish (at most 10s).
+func Serve(ctx context.Context, ln net.Listener, root string) error {
+	h, err := Handler(root)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
 
 var repoName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)

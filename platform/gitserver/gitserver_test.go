@@ -2,7 +2,7 @@ package gitserver_test
 
 import (
 	"context"
-	"net/http/httptest"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,12 +39,20 @@ func TestPublishAndClone(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	h, err := gitserver.Handler(root)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h) // loopback
-	defer srv.Close()
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- gitserver.Serve(sctx, ln, root) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Serve after its context ended: %v", err)
+		}
+	}()
+	url := "http://" + ln.Addr().String()
 	git := func(dir string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command("git", args...)
@@ -57,7 +65,7 @@ func TestPublishAndClone(t *testing.T) {
 		return strings.TrimSpace(string(out))
 	}
 	clone := filepath.Join(t.TempDir(), "clone")
-	git("", "clone", "--quiet", "--branch", "main", srv.URL+"/platform.git", clone)
+	git("", "clone", "--quiet", "--branch", "main", url+"/platform.git", clone)
 	if got := git(clone, "rev-parse", "HEAD"); got != first {
 		t.Errorf("clone at %s, want %s", got, first)
 	}
