@@ -65,6 +65,11 @@ type Config struct {
 	// an older one to upgrade from: the nodes run their one build for it
 	// (docs/talos-node.md#kubernetes-versions).
 	KubernetesVersion string `json:",omitempty"`
+	// Platform installs the platform after the bootstrap: the components
+	// whose images Cozy builds (PlatformComponents), from the lab's
+	// registry and a Git server on its bridge. It needs the node
+	// services.
+	Platform bool `json:",omitempty"`
 }
 
 // Values of Config.NodeServices.
@@ -302,6 +307,9 @@ network:
 	}
 	if c.Factory != "" {
 		fmt.Fprintf(&b, "talos:\n  factory: %s\n", c.Factory)
+	}
+	if c.Platform {
+		b.WriteString(c.platformSection())
 	}
 	if c.Image != "talos" {
 		b.WriteString(slowControlPlanePatch)

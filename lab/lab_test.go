@@ -16,6 +16,7 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/internal/kernelimage"
+	"cozy.dev/cozy/platform/render"
 )
 
 func TestMachines(t *testing.T) {
@@ -275,5 +276,47 @@ func TestTalosImage(t *testing.T) {
 	kernel, err := os.ReadFile(img.Kernel)
 	if err != nil || !bytes.Equal(kernel, factorytest.Kernel()) {
 		t.Errorf("kernel: %v", err)
+	}
+}
+
+// A lab with --platform: its rack points Flux at the lab's Git server and
+// the charts at its registry, with a load-balancer pool on the bridge
+// past the DHCP range, and renders with only the components whose images
+// Cozy builds on (networking off: flannel stays the lab's network).
+func TestRackPlatform(t *testing.T) {
+	c := Config{Name: "plat", Nodes: 2, ControlPlanes: 1, Dir: t.TempDir(), Platform: true}
+	c, err := c.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := labRack(t, &c)
+	if r.Platform.Git.URL != "http://192.168.77.1:8080/platform.git" || r.Platform.Mirror != "http://192.168.77.1:5000/charts" {
+		t.Errorf("git %q, mirror %q", r.Platform.Git.URL, r.Platform.Mirror)
+	}
+	if !slices.Equal(r.Platform.LoadBalancerPool, []string{PoolFrom + "-" + PoolTo}) || r.Cluster.CNI != rack.CNIFlannel {
+		t.Errorf("pool %v, cni %s", r.Platform.LoadBalancerPool, r.Cluster.CNI)
+	}
+	l, err := render.Render(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := l.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var on []string
+	for _, o := range objs {
+		if o.GetKind() == "Kustomization" && o.GetAPIVersion() == "kustomize.toolkit.fluxcd.io/v1" {
+			on = append(on, o.GetName())
+		}
+	}
+	if !slices.Equal(on, PlatformComponents) {
+		t.Errorf("components on: %v, want %v", on, PlatformComponents)
+	}
+
+	// Without --platform the rack has no platform section at all.
+	c.Platform = false
+	if r := labRack(t, &c); r.Platform.Git.URL != "" || len(r.Platform.Components) != 0 {
+		t.Errorf("a lab without --platform: %+v", r.Platform)
 	}
 }

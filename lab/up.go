@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/state"
+	"cozy.dev/cozy/images"
 	"cozy.dev/cozy/internal/kernelimage"
 	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/lab/nodeimage"
@@ -47,6 +49,13 @@ type UpOptions struct {
 	Stderr io.Writer
 	// Timeout bounds each bootstrap wait (cozyctl bootstrap --timeout).
 	Timeout time.Duration
+	// With Config.Platform: PlatformImages builds or finds the OCI layout
+	// of the platform's images (hack/platform-images.sh), FluxManifests
+	// Flux's install manifests (hack/flux-controllers.sh's install.yaml),
+	// and Charts makes the upstream charts the platform pins.
+	PlatformImages func(ctx context.Context) (string, error)
+	FluxManifests  func(ctx context.Context) (string, error)
+	Charts         images.ChartMaker
 	// NoBootstrap stops once the rack stands powered off with its BMCs
 	// answering: the user drives it (cozyctl machine, the bootstrap
 	// command in Result.Bootstrap).
@@ -134,6 +143,24 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 				"(without KVM they are slow: on 2 cores CoreDNS became available 8 to 10 minutes after lab up started with 1 or 2 VMs, and not at all with 3: docs/lab.md#measured); --node-services on runs them")
 		}
 	}
+	if c.Platform && (c.Image == "talos" || !res.NodeServices) {
+		return res, errors.New("--platform needs nodes that run pods: the emulated node image with --node-services on")
+	}
+	var bootstrapExtra []string
+	if c.Platform {
+		if o.FluxManifests == nil {
+			return res, errors.New("--platform needs Flux's install manifests (hack/flux-controllers.sh)")
+		}
+		var fm string
+		if err := step("flux manifests", func() (err error) { fm, err = o.FluxManifests(ctx); return err }); err != nil {
+			return res, err
+		}
+		wait := o.Timeout
+		if wait <= 0 {
+			wait = 20 * time.Minute
+		}
+		bootstrapExtra = []string{"--flux-manifests", fm, "--platform-wait", wait.String()}
+	}
 	machines := c.Machines()
 	if err := step("network", func() error { return c.startNetwork(ctx, machines) }); err != nil {
 		return res, err
@@ -146,18 +173,23 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 			return res, err
 		}
 	}
+	if c.Platform {
+		if err := step("platform repository", func() error { return c.preparePlatform(ctx, o) }); err != nil {
+			return res, err
+		}
+	}
 	// The VMs stay off: the bootstrap powers each on through its BMC,
 	// with a one-time network boot, as on a rack.
 	if err := step("bmcs", func() error { return c.startBMCs(ctx, o.Cozyctl, res.Accel) }); err != nil {
 		return res, err
 	}
 	if o.NoBootstrap {
-		res.Bootstrap = append([]string{o.Cozyctl}, c.BootstrapArgs(img)...)
+		res.Bootstrap = append(append([]string{o.Cozyctl}, c.BootstrapArgs(img)...), bootstrapExtra...)
 		res.Total = time.Since(start).Round(10 * time.Millisecond)
 		return res, nil
 	}
 	err := step("bootstrap", func() (err error) {
-		res.Milestones, err = c.runBootstrap(ctx, o, img, start, len(machines))
+		res.Milestones, err = c.runBootstrap(ctx, o, append(c.BootstrapArgs(img), bootstrapExtra...), start, len(machines))
 		return err
 	})
 	kubeconfig := filepath.Join(c.Dir, StateDir, bootstrap.KubeconfigFile)
@@ -168,6 +200,15 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 			ms, err := c.waitKubernetes(ctx, kubeconfig, start, o.Timeout)
 			res.Milestones = append(res.Milestones, ms...)
 			return err
+		})
+	}
+	if err == nil && c.Platform {
+		err = step("platform ready", func() error {
+			if err := c.waitPlatform(ctx, kubeconfig, o.Timeout); err != nil {
+				return err
+			}
+			res.Milestones = append(res.Milestones, Milestone{"platform Ready", time.Since(start).Round(100 * time.Millisecond)})
+			return nil
 		})
 	}
 	res.Total = time.Since(start).Round(10 * time.Millisecond)
@@ -222,8 +263,8 @@ func (c *Config) startMirror(ctx context.Context, o UpOptions) error {
 
 // runBootstrap runs `cozyctl bootstrap` inside the lab's namespace and
 // returns when its events say the last machine reached each milestone.
-func (c *Config) runBootstrap(ctx context.Context, o UpOptions, img kernelimage.Image, start time.Time, machines int) ([]Milestone, error) {
-	args := append(c.BootstrapArgs(img), "-o", "json")
+func (c *Config) runBootstrap(ctx context.Context, o UpOptions, args []string, start time.Time, machines int) ([]Milestone, error) {
+	args = append(args, "-o", "json")
 	if o.Timeout > 0 {
 		args = append(args, "--timeout", o.Timeout.String())
 	}

@@ -17,10 +17,12 @@ import (
 // print the directory. `cozyctl lab up` runs them itself, so a cold cache
 // is filled without make.
 const (
-	scriptKubernetes = "envtest-assets.sh" // etcd and the Kubernetes binaries
-	scriptKernel     = "boot-assets.sh"    // Debian's kernel and the node's modules
-	scriptRuntime    = "node-assets.sh"    // containerd and the CNI plugins
-	scriptImages     = "lab-images.sh"     // the images the lab's nodes pull
+	scriptKubernetes = "envtest-assets.sh"   // etcd and the Kubernetes binaries
+	scriptKernel     = "boot-assets.sh"      // Debian's kernel and the node's modules
+	scriptRuntime    = "node-assets.sh"      // containerd and the CNI plugins
+	scriptImages     = "lab-images.sh"       // the images the lab's nodes pull
+	scriptPlatform   = "platform-images.sh"  // the platform's images (lab up --platform)
+	scriptFlux       = "flux-controllers.sh" // Flux's controllers and their install.yaml
 )
 
 // runBuildScript runs hack/<script> of the source tree cozyctl was built

@@ -51,6 +51,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 		c           lab.Config
 		timeout     time.Duration
 		noBootstrap bool
+		moduleProxy string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -78,6 +79,14 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 			}
 			if c.Image != "talos" {
 				o.Images = func(ctx context.Context) (string, error) { return runBuildScript(ctx, scriptImages, g.stderr) }
+			}
+			if c.Platform {
+				o.PlatformImages = func(ctx context.Context) (string, error) { return runBuildScript(ctx, scriptPlatform, g.stderr) }
+				o.FluxManifests = func(ctx context.Context) (string, error) {
+					dir, err := runBuildScript(ctx, scriptFlux, g.stderr)
+					return filepath.Join(dir, "install.yaml"), err
+				}
+				o.Charts = chartMaker(moduleProxy)
 			}
 			res, err := lab.Up(ctx, &c, o)
 			if res != nil {
@@ -111,6 +120,8 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
 	f.StringVar(&c.NodeServices, "node-services", lab.NodeServicesAuto, "emulated nodes run kubelet, containerd, the controllers and pods: on, off (the Talos API, etcd and kube-apiserver only), or auto (on under KVM, off under TCG)")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
+	f.BoolVar(&c.Platform, "platform", false, "after the bootstrap, install the platform's components whose images Cozy builds ("+strings.Join(lab.PlatformComponents, ", ")+") with Flux, from the lab's registry and a Git server on its bridge, and wait until they are Ready (needs --node-services on)")
+	f.StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp+" (with --platform)")
 	f.BoolVar(&noBootstrap, "no-bootstrap", false, "stop once the rack stands powered off with its BMCs answering, and print the bootstrap command to run yourself")
 	return cmd
 }

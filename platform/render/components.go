@@ -1,12 +1,14 @@
 package render
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/platform/status"
 )
 
@@ -65,4 +67,18 @@ func switchOff(comps map[string]any, files map[string]string) error {
 		return fmt.Errorf("platform components:\n- %s", strings.Join(problems, "\n- "))
 	}
 	return nil
+}
+
+// Components are the platform's components by name, sorted: the
+// components section of the platform chart's values.
+func Components() ([]string, error) {
+	c, err := LoadChart(charts.Platform)
+	if err != nil {
+		return nil, err
+	}
+	comps, _ := c.Values["components"].(map[string]any)
+	if len(comps) == 0 {
+		return nil, errors.New("the platform chart's values have no components")
+	}
+	return sortedKeys(comps), nil
 }
