@@ -290,7 +290,7 @@ func TestRackPlatform(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := labRack(t, &c)
-	if r.Platform.Git.URL != "http://192.168.77.1:8080/platform.git" || r.Platform.Git.Branch != "main" || r.Platform.Mirror != "http://192.168.77.1:5000/charts" {
+	if r.Platform.Git.URL != "http://192.168.77.1:3000/platform.git" || r.Platform.Git.Branch != "main" || r.Platform.Mirror != "http://192.168.77.1:5000/charts" {
 		t.Errorf("git %q, mirror %q", r.Platform.Git.URL, r.Platform.Mirror)
 	}
 	if !slices.Equal(r.Platform.LoadBalancerPool, []string{PoolFrom + "-" + PoolTo}) || r.Cluster.CNI != rack.CNIFlannel {

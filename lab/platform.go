@@ -27,8 +27,8 @@ import (
 )
 
 // GitPort is where `cozyctl platform serve-git` serves the lab's platform
-// repository, on ServerIP beside the registry.
-const GitPort = 8080
+// repository, on ServerIP beside the registry (the netboot server has 8080).
+const GitPort = 3000
 
 // PlatformComponents are the components a lab with --platform runs: those
 // whose images Cozy builds (hack/platform-images.sh). The others are

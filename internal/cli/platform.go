@@ -309,7 +309,7 @@ It speaks plain HTTP without authentication, for a private network:
 listen on that network's address. SIGTERM or SIGINT stops it after the
 requests in flight (at most 10s). cozyctl lab up --platform runs it on the
 lab's bridge.`,
-		Example: `  cozyctl platform serve-git --listen 10.0.0.1:8080 --dir /var/lib/cozy/git`,
+		Example: `  cozyctl platform serve-git --listen 10.0.0.1:3000 --dir /var/lib/cozy/git`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {

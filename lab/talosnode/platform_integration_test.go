@@ -33,7 +33,7 @@ import (
 )
 
 const (
-	gitAddr = clusterSubnet + ".1:8080" // the platform's Git server, beside the mirror
+	gitAddr = clusterSubnet + ".1:3000" // the platform's Git server, beside the mirror
 	lbFirst = clusterSubnet + ".200"    // the platform's load-balancer pool
 )
 
