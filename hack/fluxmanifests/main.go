@@ -27,7 +27,7 @@ func main() {
 
 func run(out string, args []string) error {
 	if out == "" || len(args) == 0 {
-		return fmt.Errorf("usage: fluxmanifests -o FILE NAME@VERSION=DIR...")
+		return fmt.Errorf("usage: fluxmanifests -o FILE NAME@VERSION=DIR [NAME@VERSION=DIR ...]")
 	}
 	var cs []flux.ModuleController
 	for _, a := range args {
