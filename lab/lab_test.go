@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"cozy.dev/cozy/bootstrap"
 	"cozy.dev/cozy/bootstrap/imagefactory/factorytest"
 	"cozy.dev/cozy/bootstrap/rack"
@@ -312,6 +314,19 @@ func TestRackPlatform(t *testing.T) {
 	}
 	if !slices.Equal(on, PlatformComponents) {
 		t.Errorf("components on: %v, want %v", on, PlatformComponents)
+	}
+	// MetalLB's probes wait for a VM without KVM, through its HelmRelease.
+	var probe any
+	for _, o := range objs {
+		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
+			probe, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "controller", "livenessProbe", "initialDelaySeconds")
+			if frr, found, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "frr", "enabled"); !found || frr {
+				t.Error("the lab's overrides dropped the speaker's frr.enabled: false")
+			}
+		}
+	}
+	if probe != int64(300) && probe != float64(300) && probe != 300 {
+		t.Errorf("MetalLB controller's liveness probe delay %v (%T), want 300", probe, probe)
 	}
 
 	// Without --platform the rack has no platform section at all.

@@ -58,6 +58,19 @@ func (c *Config) platformSection() string {
   loadBalancerPool: [%s-%s]
   components:                      # the rest has no image built here yet (docs/images.md)
 `, gitURL(), RegistryURL(), PoolFrom, PoolTo)
+	// Without KVM MetalLB's controller takes minutes to make its
+	// webhook's certificates before it serves the port its probes ask
+	// (measured: killed by its liveness probe, 10 s + 3 x 10 s, again and
+	// again); the lab gives it and the speaker time, as it gives Talos's
+	// control plane longer leases.
+	b.WriteString(`    metallb:
+      values:
+        metallb:                     # its HelmRelease
+          controller:
+            livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+          speaker:
+            livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+`)
 	names, err := render.Components()
 	if err != nil {
 		panic(err) // the embedded chart: a broken build, not input
