@@ -18,6 +18,7 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/internal/kernelimage"
+	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 )
 
@@ -325,7 +326,7 @@ func TestRackPlatform(t *testing.T) {
 			}
 		}
 	}
-	if probe != int64(300) && probe != float64(300) && probe != 300 {
+	if fmt.Sprint(probe) != "300" {
 		t.Errorf("MetalLB controller's liveness probe delay %v (%T), want 300", probe, probe)
 	}
 
@@ -333,5 +334,56 @@ func TestRackPlatform(t *testing.T) {
 	c.Platform = false
 	if r := labRack(t, &c); r.Platform.Git.URL != "" || len(r.Platform.Components) != 0 {
 		t.Errorf("a lab without --platform: %+v", r.Platform)
+	}
+}
+
+// The Flux the lab installs gives its controllers five minutes before
+// their liveness probes count, and is otherwise the manifests given.
+func TestFluxManifestsPatched(t *testing.T) {
+	c := Config{Dir: t.TempDir()}
+	src := filepath.Join(t.TempDir(), "install.yaml")
+	const install = `apiVersion: v1
+kind: Namespace
+metadata: {name: flux-system}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: source-controller, namespace: flux-system}
+spec:
+  template:
+    spec:
+      containers:
+      - name: manager
+        image: ghcr.io/fluxcd/source-controller:v1.9.6
+        livenessProbe: {httpGet: {port: healthz, path: /healthz}}
+`
+	crds := ""
+	for _, n := range []string{"gitrepositories.source", "helmrepositories.source", "ocirepositories.source", "helmcharts.source",
+		"kustomizations.kustomize", "helmreleases.helm"} {
+		crds += "---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: " + n + ".toolkit.fluxcd.io}\n"
+	}
+	if err := os.WriteFile(src, []byte(install+crds), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := c.fluxManifests(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := flux.Load(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 8 {
+		t.Fatalf("%d objects, want the 8 given", len(objs))
+	}
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		probe := cs[0].(map[string]any)["livenessProbe"].(map[string]any)
+		if fmt.Sprint(probe["initialDelaySeconds"]) != "300" || probe["httpGet"] == nil {
+			t.Errorf("liveness probe %v, want the given one with initialDelaySeconds 300", probe)
+		}
 	}
 }

@@ -83,6 +83,39 @@ func (c *Config) platformSection() string {
 	return b.String()
 }
 
+// fluxPatch gives Flux's controllers, as the lab installs them, five
+// minutes before their liveness probes count: without KVM they took more
+// than the 30 s the release allows to serve them, and were killed again
+// and again (measured on 2 cores).
+const fluxPatch = `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [install.yaml]
+patches:
+  - target: {kind: Deployment, namespace: flux-system}
+    patch: |
+      - op: add
+        path: /spec/template/spec/containers/0/livenessProbe/initialDelaySeconds
+        value: 300
+`
+
+// fluxManifests writes the folder the lab's bootstrap installs Flux from
+// (--flux-manifests): the install manifests at src, kustomized with
+// fluxPatch.
+func (c *Config) fluxManifests(src string) (string, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(c.Dir, "flux")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "install.yaml"), data, 0o644); err != nil {
+		return "", err
+	}
+	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(fluxPatch), 0o644)
+}
+
 // preparePlatform fills the lab's registry with the platform's images and
 // charts, publishes the platform rendered for the lab's rack as a commit
 // of the lab's repository, and serves it on the bridge.

@@ -152,7 +152,14 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 			return res, errors.New("--platform needs Flux's install manifests (hack/flux-controllers.sh)")
 		}
 		var fm string
-		if err := step("flux manifests", func() (err error) { fm, err = o.FluxManifests(ctx); return err }); err != nil {
+		if err := step("flux manifests", func() error {
+			src, err := o.FluxManifests(ctx)
+			if err != nil {
+				return err
+			}
+			fm, err = c.fluxManifests(src)
+			return err
+		}); err != nil {
 			return res, err
 		}
 		wait := o.Timeout
