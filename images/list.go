@@ -65,6 +65,20 @@ type List struct {
 	NotListed []string `json:"notListed,omitempty"`
 }
 
+// MirrorCharts are the charts the list made, as Mirror pushes them (the
+// OCI artifact `helm push` makes of each).
+func (l *List) MirrorCharts() ([]MirrorChart, error) {
+	var out []MirrorChart
+	for _, c := range l.Charts {
+		img, err := ChartImage(c.Made.Chart.Metadata, c.Made.Archive)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, MirrorChart{Name: c.Name, Version: c.Version, Image: img})
+	}
+	return out, nil
+}
+
 // Refs are the images' references, in order.
 func (l *List) Refs() []string {
 	out := make([]string, len(l.Images))

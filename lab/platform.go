@@ -138,13 +138,9 @@ func (c *Config) preparePlatform(ctx context.Context, o UpOptions) error {
 	if err != nil {
 		return err
 	}
-	var charts []images.MirrorChart
-	for _, ch := range list.Charts {
-		img, err := images.ChartImage(ch.Made.Chart.Metadata, ch.Made.Archive)
-		if err != nil {
-			return err
-		}
-		charts = append(charts, images.MirrorChart{Name: ch.Name, Version: ch.Version, Image: img})
+	charts, err := list.MirrorCharts()
+	if err != nil {
+		return err
 	}
 	if _, err := images.Mirror(ctx, images.MirrorOptions{
 		Registry: net.JoinHostPort(ServerIP.String(), strconv.Itoa(RegistryPort)), Insecure: true,

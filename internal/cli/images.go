@@ -203,12 +203,8 @@ func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker im
 		}
 		p.chartPath, p.chartHost = m.Path, m.Host
 	}
-	for _, c := range l.Charts {
-		img, err := images.ChartImage(c.Made.Chart.Metadata, c.Made.Archive)
-		if err != nil {
-			return nil, err
-		}
-		p.charts = append(p.charts, images.MirrorChart{Name: c.Name, Version: c.Version, Image: img})
+	if p.charts, err = l.MirrorCharts(); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
