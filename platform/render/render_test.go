@@ -381,6 +381,39 @@ func TestNetworkingSwitch(t *testing.T) {
 	}
 }
 
+// flux.timeout replaces every component's own wait, Kustomizations' and
+// HelmReleases' alike (a lab under TCG needs longer); unset, each keeps
+// its own.
+func TestFluxTimeout(t *testing.T) {
+	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
+	timeouts := func(r *rack.Rack) map[string]string {
+		objs, err := mustRender(t, r).Objects()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, o := range objs {
+			if o.GetKind() == "Kustomization" || o.GetKind() == "HelmRelease" {
+				got[o.GetKind()+"/"+o.GetName()], _, _ = unstructured.NestedString(o.Object, "spec", "timeout")
+			}
+		}
+		return got
+	}
+	own := timeouts(exampleRack(t, "prod"))
+	if own["HelmRelease/metallb"] != "10m" || own["Kustomization/linstor"] != "20m" {
+		t.Errorf("without flux.timeout: metallb %q, linstor %q; want their own 10m and 20m", own["HelmRelease/metallb"], own["Kustomization/linstor"])
+	}
+	long := timeouts(exampleRack(t, "prod", platformLine, platformLine+"  values:\n    flux: {timeout: 45m}\n"))
+	if len(long) != len(own) || len(long) < 20 {
+		t.Fatalf("%d objects with a timeout, want the %d of the default", len(long), len(own))
+	}
+	for id, got := range long {
+		if got != "45m" {
+			t.Errorf("%s: timeout %q, want flux.timeout's 45m", id, got)
+		}
+	}
+}
+
 // A component's values are merged over what the platform gives its
 // HelmRelease: maps key by key, the rest replaced; the document keeps its
 // comments and every other file is unchanged. A HelmRelease the

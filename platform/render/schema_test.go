@@ -58,6 +58,7 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"version range instead of a pin", with("versions.cilium", "~1.20"), []string{"at '/versions/cilium': '~1.20' is not an exact chart version such as 1.2.3 (no ranges: versions are pinned)"}},
 		{"release without its v", with("versions.kubevirt", "1.9.0"), []string{"/versions/kubevirt"}},
 		{"interval in words", with("flux.interval", "ten minutes"), []string{"/flux/interval"}},
+		{"timeout in words", with("flux.timeout", "an hour"), []string{"/flux/timeout"}},
 		{"feature gate spelling", with("kubevirt.featureGates", []any{"live-migration"}), []string{"/kubevirt/featureGates/0"}},
 		{"emulation not a boolean", with("kubevirt.useEmulation", "yes"), []string{"/kubevirt/useEmulation", "want boolean"}},
 	} {

@@ -30,7 +30,8 @@ platform.path: the folder of component .component in the Git repository.
 {{/*
 platform.kustomization: the Flux Kustomization that applies one component's
 folder and is Ready only when everything it applied is healthy. Arguments:
-root, component, dependsOn (list), timeout, healthCheckExprs (list).
+root, component, dependsOn (list), timeout (unless flux.timeout says),
+healthCheckExprs (list).
 Nothing when the component is switched off. A dependency on networking is
 dropped when networking is off on a flannel cluster (cluster.cni).
 */}}
@@ -60,7 +61,7 @@ spec:
   {{- end }}
   interval: {{ .root.Values.flux.interval }}
   retryInterval: {{ .root.Values.flux.retryInterval }}
-  timeout: {{ .timeout }}
+  timeout: {{ .root.Values.flux.timeout | default .timeout }}
   path: {{ include "platform.path" . }}
   prune: true
   wait: true
@@ -80,13 +81,14 @@ spec:
 
 {{/*
 platform.releaseSpec: what every HelmRelease shares: reconcile interval,
-timeout, CRDs created and upgraded with the chart, and remediation that
+timeout (.timeout, unless flux.timeout says), CRDs created and upgraded
+with the chart, and remediation that
 retries a failed install (uninstalling first) and rolls back a failed
 upgrade. Arguments: root, timeout.
 */}}
 {{- define "platform.releaseSpec" -}}
 interval: {{ .root.Values.flux.interval }}
-timeout: {{ .timeout }}
+timeout: {{ .root.Values.flux.timeout | default .timeout }}
 maxHistory: 5
 install:
   crds: CreateReplace
