@@ -342,7 +342,16 @@ network:
 // exit and start over (seen in TestLab before this patch; with it, they
 // still do when the node services saturate the VMs: docs/lab.md#measured).
 // Talos passes these flags through cluster.*.extraArgs like any other.
+// Every node's kubelet also gives the container runtime 10 minutes a
+// request instead of 2: a --platform try saw a container's start fail with
+// "context deadline exceeded" on a busy VM, and the pod start over.
 const slowControlPlanePatch = `patches:
+  - target: all              # container starts on emulated (slow) VMs
+    patch:
+      machine:
+        kubelet:
+          extraConfig:
+            runtimeRequestTimeout: 10m
   - target: controlplane     # leases for emulated (slow) VMs
     patch:
       cluster:

@@ -101,7 +101,7 @@ func labRack(t *testing.T, c *Config) *rack.Rack {
 }
 
 // The emulated lab's control planes get leader leases long enough for a
-// VM without KVM; its workers' configs do not change.
+// VM without KVM; every node's kubelet gives the runtime 10 minutes.
 func TestRackSlowLeases(t *testing.T) {
 	c := Config{Name: "leases", Nodes: 2, ControlPlanes: 1, Dir: t.TempDir()}
 	c, err := c.WithDefaults()
@@ -122,6 +122,9 @@ func TestRackSlowLeases(t *testing.T) {
 			if n := strings.Count(string(data), arg); (n == 2) != want || n%2 != 0 {
 				t.Errorf("%s's config has %q %d times; want it for the controller-manager and the scheduler of control planes only", host, arg, n)
 			}
+		}
+		if !strings.Contains(string(data), "runtimeRequestTimeout: 10m") {
+			t.Errorf("%s's kubelet has not the lab's runtimeRequestTimeout", host)
 		}
 	}
 }
@@ -299,14 +302,7 @@ func TestRackPlatform(t *testing.T) {
 	if !slices.Equal(r.Platform.LoadBalancerPool, []string{PoolFrom + "-" + PoolTo}) || r.Cluster.CNI != rack.CNIFlannel {
 		t.Errorf("pool %v, cni %s", r.Platform.LoadBalancerPool, r.Cluster.CNI)
 	}
-	l, err := render.Render(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := l.Objects()
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := mustObjects(t, r)
 	var on []string
 	for _, o := range objs {
 		if o.GetKind() == "Kustomization" && o.GetAPIVersion() == "kustomize.toolkit.fluxcd.io/v1" {
@@ -316,7 +312,9 @@ func TestRackPlatform(t *testing.T) {
 	if !slices.Equal(on, PlatformComponents) {
 		t.Errorf("components on: %v, want %v", on, PlatformComponents)
 	}
-	// MetalLB's probes wait for a VM without KVM, through its HelmRelease.
+	// MetalLB's probes wait for a VM without KVM, through its HelmRelease;
+	// its speakers run on the worker only; every component waits
+	// FluxTimeout.
 	var probe any
 	for _, o := range objs {
 		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
@@ -324,10 +322,30 @@ func TestRackPlatform(t *testing.T) {
 			if frr, found, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "frr", "enabled"); !found || frr {
 				t.Error("the lab's overrides dropped the speaker's frr.enabled: false")
 			}
+			if tm, found, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "tolerateMaster"); !found || tm {
+				t.Errorf("speaker.tolerateMaster %v (set: %v), want false with a worker", tm, found)
+			}
+		}
+		if k := o.GetKind(); k == "HelmRelease" || k == "Kustomization" && o.GetAPIVersion() == "kustomize.toolkit.fluxcd.io/v1" {
+			if got, _, _ := unstructured.NestedString(o.Object, "spec", "timeout"); got != FluxTimeout {
+				t.Errorf("%s %s: timeout %q, want the lab's %s", k, o.GetName(), got, FluxTimeout)
+			}
 		}
 	}
 	if fmt.Sprint(probe) != "300" {
 		t.Errorf("MetalLB controller's liveness probe delay %v (%T), want 300", probe, probe)
+	}
+
+	// A lab of one control plane keeps its speaker there: someone has to
+	// announce the pool.
+	one := c
+	one.Nodes = 1
+	for _, o := range mustObjects(t, labRack(t, &one)) {
+		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
+			if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "speaker", "tolerateMaster"); found {
+				t.Error("a one-node lab sets speaker.tolerateMaster")
+			}
+		}
 	}
 
 	// Without --platform the rack has no platform section at all.
@@ -337,8 +355,23 @@ func TestRackPlatform(t *testing.T) {
 	}
 }
 
+// mustObjects renders the platform for r.
+func mustObjects(t *testing.T, r *rack.Rack) []render.Object {
+	t.Helper()
+	l, err := render.Render(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := l.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
 // The Flux the lab installs gives its controllers five minutes before
-// their liveness probes count, and is otherwise the manifests given.
+// their liveness probes count and long leader leases, and is otherwise the
+// manifests given.
 func TestFluxManifestsPatched(t *testing.T) {
 	c := Config{Dir: t.TempDir()}
 	src := filepath.Join(t.TempDir(), "install.yaml")
@@ -355,6 +388,7 @@ spec:
       containers:
       - name: manager
         image: ghcr.io/fluxcd/source-controller:v1.9.6
+        args: [--enable-leader-election, --storage-path=/data]
         livenessProbe: {httpGet: {port: healthz, path: /healthz}}
 `
 	crds := ""
@@ -384,6 +418,10 @@ spec:
 		probe := cs[0].(map[string]any)["livenessProbe"].(map[string]any)
 		if fmt.Sprint(probe["initialDelaySeconds"]) != "300" || probe["httpGet"] == nil {
 			t.Errorf("liveness probe %v, want the given one with initialDelaySeconds 300", probe)
+		}
+		want := "[--enable-leader-election --storage-path=/data --leader-election-lease-duration=120s --leader-election-renew-deadline=90s --leader-election-retry-period=20s]"
+		if got := fmt.Sprint(cs[0].(map[string]any)["args"]); got != want {
+			t.Errorf("args %s, want the given ones and the lab's leases: %s", got, want)
 		}
 	}
 }

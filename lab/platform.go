@@ -42,6 +42,12 @@ const (
 	PoolTo   = "192.168.77.219"
 )
 
+// FluxTimeout is how long each component of a lab's platform has to
+// become Ready (the rack's platform.values.flux.timeout): the third
+// --platform try saw helm-controller give up MetalLB's install after its
+// 10 minutes, with pulls and container starts under TCG taking minutes.
+const FluxTimeout = "40m"
+
 // gitURL is the lab's platform repository, as Flux clones it.
 func gitURL() string {
 	return "http://" + net.JoinHostPort(ServerIP.String(), strconv.Itoa(GitPort)) + "/platform.git"
@@ -56,8 +62,10 @@ func (c *Config) platformSection() string {
     url: %s   # cozyctl platform serve-git on the lab's bridge
   mirror: %s/charts   # the charts Cozy makes, in the lab's registry
   loadBalancerPool: [%s-%s]
+  values:
+    flux: {timeout: %s}            # each chart's own 5 to 10 minutes are too short under TCG
   components:                      # the rest has no image built here yet (docs/images.md)
-`, gitURL(), RegistryURL(), PoolFrom, PoolTo)
+`, gitURL(), RegistryURL(), PoolFrom, PoolTo, FluxTimeout)
 	// Without KVM MetalLB's controller takes minutes to make its
 	// webhook's certificates before it serves the port its probes ask
 	// (measured: killed by its liveness probe, 10 s + 3 x 10 s, again and
@@ -71,6 +79,11 @@ func (c *Config) platformSection() string {
           speaker:
             livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
 `)
+	if c.Nodes > c.ControlPlanes {
+		// The workers announce the pool; the control-plane VMs, which the
+		// API server and etcd keep busy enough, run no speaker.
+		b.WriteString("            tolerateMaster: false    # spare the control-plane VMs\n")
+	}
 	names, err := render.Components()
 	if err != nil {
 		panic(err) // the embedded chart: a broken build, not input
@@ -86,7 +99,10 @@ func (c *Config) platformSection() string {
 // fluxPatch gives Flux's controllers, as the lab installs them, five
 // minutes before their liveness probes count: without KVM they took more
 // than the 30 s the release allows to serve them, and were killed again
-// and again (measured on 2 cores).
+// and again (measured on 2 cores). It also gives their leader election the
+// long leases the lab gives Talos's control plane (slowControlPlanePatch):
+// with the 35 s default, a controller lost its lease about 19 minutes into
+// a --platform run and exited halfway through installing a chart.
 const fluxPatch = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [install.yaml]
@@ -96,6 +112,15 @@ patches:
       - op: add
         path: /spec/template/spec/containers/0/livenessProbe/initialDelaySeconds
         value: 300
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --leader-election-lease-duration=120s
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --leader-election-renew-deadline=90s
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --leader-election-retry-period=20s
 `
 
 // fluxManifests writes the folder the lab's bootstrap installs Flux from
