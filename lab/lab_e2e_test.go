@@ -5,8 +5,11 @@ package lab_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +52,8 @@ import (
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
 	"cozy.dev/cozy/platform/render"
+	"cozy.dev/cozy/platform/status"
+	"cozy.dev/cozy/platform/upstream"
 	"cozy.dev/cozy/pxe/inventory"
 )
 
@@ -201,6 +206,119 @@ func TestLabNodes(t *testing.T) {
 		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", lab.Namespace(c.Name),
 			filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), "--kubeconfig", res.Kubeconfig}, args...)...)
 	}, netns.Dialer(lab.Namespace(c.Name)), pods)
+}
+
+// TestLabPlatform is lab up --platform under TCG: one VM (control plane
+// and worker: on 2 cores a second VM costs more than it adds) with real
+// node services, then Flux installs MetalLB from the lab's chart mirror and
+// registry, served from its Git server, until platform status is Ready;
+// a LoadBalancer Service then gets the pool's first address and the node
+// answers ARP and HTTP for it on the lab's bridge.
+func TestLabPlatform(t *testing.T) {
+	requireLab(t)
+	c := lab.Config{Name: fmt.Sprintf("lp%d", os.Getpid()), Nodes: 1, ControlPlanes: 1, MemoryMiB: 4096,
+		Accel: "tcg", NodeServices: lab.NodeServicesOn, Platform: true, Dir: t.TempDir()}
+	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Minute)
+	defer cancel()
+	res, _ := upLab(ctx, t, &c)
+	for _, want := range []string{"all nodes Ready", "CoreDNS available", "platform Ready"} {
+		if !slices.ContainsFunc(res.Milestones, func(m lab.Milestone) bool { return m.Name == want }) {
+			t.Errorf("lab up reported no %q: %v", want, res.Milestones)
+		}
+	}
+	kubectl := labKubectl(ctx, &c, res.Kubeconfig)
+	checkNodes(t, kubectl, &c, true)
+	checkPlatformStatus(ctx, t, &c, res.Kubeconfig)
+	var names []string
+	for _, m := range c.Machines() {
+		names = append(names, m.Name)
+	}
+	clustertest.RunProbes(t, kubectl, names, 15*time.Minute)
+	checkLoadBalancer(ctx, t, &c, kubectl)
+}
+
+// checkPlatformStatus is cozyctl platform status as a user runs it: every
+// component the lab turns on is Ready, every other one off.
+func checkPlatformStatus(ctx context.Context, t *testing.T, c *lab.Config, kubeconfig string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Namespace(c.Name), cozyctl.Path(t),
+		"platform", "status", "--kubeconfig", kubeconfig, "-o", "json")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rep status.Report
+	if err != nil || json.Unmarshal(out, &rep) != nil {
+		t.Fatalf("cozyctl platform status: %v\n%s%s", err, out, stderr.String())
+	}
+	if !rep.Ready {
+		t.Errorf("platform status: not Ready: %s", out)
+	}
+	for _, comp := range rep.Components {
+		if on := slices.Contains(lab.PlatformComponents, comp.Name); on != !comp.Off || on && !comp.Ready {
+			t.Errorf("%s: ready %v, off %v (%s); want the lab's components Ready, the rest off", comp.Name, comp.Ready, comp.Off, comp.Message)
+		}
+	}
+	t.Logf("platform status: %d components, %v Ready", len(rep.Components), lab.PlatformComponents)
+}
+
+// checkLoadBalancer is the platform's MetalLB at work in the lab: a
+// LoadBalancer Service in front of the probe pods gets the pool's first
+// address, a client on the lab's bridge fetches a probe's page through it,
+// and the bridge's neighbour entry for the address is a VM's MAC, a
+// worker's if the lab has workers: its speaker answered the ARP request.
+func checkLoadBalancer(ctx context.Context, t *testing.T, c *lab.Config, kubectl clustertest.Kubectl) {
+	t.Helper()
+	svc := filepath.Join(t.TempDir(), "svc.yaml")
+	if err := os.WriteFile(svc, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: probe-lb, namespace: default}\n"+
+		"spec:\n  type: LoadBalancer\n  selector: {app: probe}\n  ports: [{port: 80, targetPort: 8080}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl("apply", "-f", svc); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var ip string
+	poll.Within(t, 5*time.Minute, 2*time.Second, "the Service's load-balancer address", func() (err error) {
+		ip, err = kubectl("get", "service", "probe-lb", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}")
+		if err == nil && ip == "" {
+			err = errors.New("no address yet")
+		}
+		return err
+	})
+	if ip != lab.PoolFrom {
+		t.Errorf("the Service got %s, want %s, the pool's first address", ip, lab.PoolFrom)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: netns.Dialer(lab.Namespace(c.Name))}}
+	var body string
+	poll.Within(t, 5*time.Minute, 2*time.Second, "a probe through "+ip, func() error {
+		resp, err := hc.Get("http://" + net.JoinHostPort(ip, "80") + "/")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if !strings.HasPrefix(body, "probe on ") {
+		t.Errorf("through %s: %q, want a probe's page", ip, body)
+	}
+	neigh, err := exec.CommandContext(ctx, "ip", "netns", "exec", lab.Namespace(c.Name), "ip", "neigh", "show", ip, "dev", lab.Bridge).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip neigh: %v: %s", err, neigh)
+	}
+	var by string
+	for _, m := range c.Machines() {
+		if strings.Contains(strings.ToLower(string(neigh)), "lladdr "+strings.ToLower(m.MACText)+" ") {
+			by = m.Name
+			if m.Role != "worker" && c.Nodes > c.ControlPlanes {
+				t.Errorf("%s answered ARP for %s; the lab's speakers run on workers when it has some", m.Name, ip)
+			}
+		}
+	}
+	if by == "" {
+		t.Errorf("the bridge's neighbour entry for %s is %q: no VM's MAC answered its ARP", ip, neigh)
+	}
+	t.Logf("%s answered by %s: %q", ip, by, body)
 }
 
 // checkBootstrapped checks the lab's netboot and bootstrap phase by phase.
@@ -523,7 +641,14 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) 
 			}
 			return kernelimage.Image{Kernel: img.Kernel, Initrds: []string{img.Initrd}, Cmdline: img.Cmdline}, nil
 		},
-		Images:      func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
+		Images: func(context.Context) (string, error) { return os.Getenv("COZY_LAB_IMAGES"), nil },
+		PlatformImages: func(context.Context) (string, error) {
+			return testenv.BuiltDir(t, "COZY_PLATFORM_IMAGES", "hack/platform-images.sh", "index.json"), nil
+		},
+		FluxManifests: func(context.Context) (string, error) {
+			return filepath.Join(testenv.BuiltDir(t, "COZY_FLUX_BIN", "hack/flux-controllers.sh", "install.yaml"), "install.yaml"), nil
+		},
+		Charts:      upstream.Maker{Source: upstream.Source{Proxies: upstream.Proxies(os.Getenv("GOPROXY")), Cache: filepath.Join(cachedir.Dir(), "modules")}},
 		Stderr:      &progress,
 		NoBootstrap: opts.noBootstrap,
 		// Each bootstrap wait, and the wait for Ready nodes: under TCG

@@ -322,12 +322,14 @@ func TestRackPlatform(t *testing.T) {
 			if frr, found, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "frr", "enabled"); !found || frr {
 				t.Error("the lab's overrides dropped the speaker's frr.enabled: false")
 			}
-			if tm, found, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "tolerateMaster"); !found || tm {
-				t.Errorf("speaker.tolerateMaster %v (set: %v), want false with a worker", tm, found)
+			terms, _, _ := unstructured.NestedSlice(o.Object, "spec", "values", "speaker", "affinity", "nodeAffinity",
+				"requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+			if got := fmt.Sprint(terms); got != "[map[matchExpressions:[map[key:node-role.kubernetes.io/control-plane operator:DoesNotExist]]]]" {
+				t.Errorf("speaker's node affinity %s, want no control planes with a worker", got)
 			}
 		}
 		if k := o.GetKind(); k == "HelmRelease" || k == "Kustomization" && o.GetAPIVersion() == "kustomize.toolkit.fluxcd.io/v1" {
-			if got, _, _ := unstructured.NestedString(o.Object, "spec", "timeout"); got != FluxTimeout {
+			if got, _, _ := unstructured.NestedString(o.Object, "spec", "timeout"); got != "40m" {
 				t.Errorf("%s %s: timeout %q, want the lab's %s", k, o.GetName(), got, FluxTimeout)
 			}
 		}
@@ -342,8 +344,8 @@ func TestRackPlatform(t *testing.T) {
 	one.Nodes = 1
 	for _, o := range mustObjects(t, labRack(t, &one)) {
 		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
-			if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "speaker", "tolerateMaster"); found {
-				t.Error("a one-node lab sets speaker.tolerateMaster")
+			if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "speaker", "affinity"); found {
+				t.Error("a one-node lab keeps its speaker off its only node")
 			}
 		}
 	}

@@ -46,7 +46,8 @@ const (
 // become Ready (the rack's platform.values.flux.timeout): the third
 // --platform try saw helm-controller give up MetalLB's install after its
 // 10 minutes, with pulls and container starts under TCG taking minutes.
-const FluxTimeout = "40m"
+// lab up waits for the platform at least as long.
+const FluxTimeout = 40 * time.Minute
 
 // gitURL is the lab's platform repository, as Flux clones it.
 func gitURL() string {
@@ -65,7 +66,7 @@ func (c *Config) platformSection() string {
   values:
     flux: {timeout: %s}            # each chart's own 5 to 10 minutes are too short under TCG
   components:                      # the rest has no image built here yet (docs/images.md)
-`, gitURL(), RegistryURL(), PoolFrom, PoolTo, FluxTimeout)
+`, gitURL(), RegistryURL(), PoolFrom, PoolTo, strings.TrimSuffix(FluxTimeout.String(), "0s"))
 	// Without KVM MetalLB's controller takes minutes to make its
 	// webhook's certificates before it serves the port its probes ask
 	// (measured: killed by its liveness probe, 10 s + 3 x 10 s, again and
@@ -81,8 +82,15 @@ func (c *Config) platformSection() string {
 `)
 	if c.Nodes > c.ControlPlanes {
 		// The workers announce the pool; the control-plane VMs, which the
-		// API server and etcd keep busy enough, run no speaker.
-		b.WriteString("            tolerateMaster: false    # spare the control-plane VMs\n")
+		// API server and etcd keep busy enough, run no speaker. (Not
+		// tolerateMaster: the lab's control planes take pods, untainted.)
+		b.WriteString(`            affinity:                # spare the control-plane VMs
+              nodeAffinity:
+                requiredDuringSchedulingIgnoredDuringExecution:
+                  nodeSelectorTerms:
+                    - matchExpressions:
+                        - {key: node-role.kubernetes.io/control-plane, operator: DoesNotExist}
+`)
 	}
 	names, err := render.Components()
 	if err != nil {

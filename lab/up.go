@@ -162,10 +162,9 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		}); err != nil {
 			return res, err
 		}
-		wait := o.Timeout
-		if wait <= 0 {
-			wait = 20 * time.Minute
-		}
+		// Flux's first reconcile waits for its controllers' images and
+		// start, as long as a component may take (FluxTimeout).
+		wait := max(o.Timeout, FluxTimeout)
 		bootstrapExtra = []string{"--flux-manifests", fm, "--platform-wait", wait.String()}
 	}
 	machines := c.Machines()
@@ -211,7 +210,7 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 	}
 	if err == nil && c.Platform {
 		err = step("platform ready", func() error {
-			if err := c.waitPlatform(ctx, kubeconfig, o.Timeout); err != nil {
+			if err := c.waitPlatform(ctx, kubeconfig, max(o.Timeout, FluxTimeout)); err != nil {
 				return err
 			}
 			res.Milestones = append(res.Milestones, Milestone{"platform Ready", time.Since(start).Round(100 * time.Millisecond)})
