@@ -392,6 +392,7 @@ spec:
         image: ghcr.io/fluxcd/source-controller:v1.9.6
         args: [--enable-leader-election, --storage-path=/data]
         livenessProbe: {httpGet: {port: healthz, path: /healthz}}
+        readinessProbe: {httpGet: {port: healthz, path: /readyz}}
 `
 	crds := ""
 	for _, n := range []string{"gitrepositories.source", "helmrepositories.source", "ocirepositories.source", "helmcharts.source",
@@ -418,8 +419,11 @@ spec:
 		}
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 		probe := cs[0].(map[string]any)["livenessProbe"].(map[string]any)
-		if fmt.Sprint(probe["initialDelaySeconds"]) != "300" || probe["httpGet"] == nil {
-			t.Errorf("liveness probe %v, want the given one with initialDelaySeconds 300", probe)
+		if fmt.Sprint(probe["initialDelaySeconds"], probe["timeoutSeconds"], probe["failureThreshold"]) != "300 10 6" || probe["httpGet"] == nil {
+			t.Errorf("liveness probe %v, want the given one with initialDelaySeconds 300, timeoutSeconds 10, failureThreshold 6", probe)
+		}
+		if ready := cs[0].(map[string]any)["readinessProbe"].(map[string]any); fmt.Sprint(ready["timeoutSeconds"]) != "10" || ready["httpGet"] == nil {
+			t.Errorf("readiness probe %v, want the given one with timeoutSeconds 10", ready)
 		}
 		want := "[--enable-leader-election --storage-path=/data --leader-election-lease-duration=120s --leader-election-renew-deadline=90s --leader-election-retry-period=20s]"
 		if got := fmt.Sprint(cs[0].(map[string]any)["args"]); got != want {

@@ -77,8 +77,10 @@ func (c *Config) platformSection() string {
         metallb:                     # its HelmRelease
           controller:
             livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+            readinessProbe: {timeoutSeconds: 10}   # its webhook's endpoints
           speaker:
             livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+            readinessProbe: {timeoutSeconds: 10}
 `)
 	if c.Nodes > c.ControlPlanes {
 		// The workers announce the pool; the control-plane VMs, which the
@@ -107,7 +109,10 @@ func (c *Config) platformSection() string {
 // fluxPatch gives Flux's controllers, as the lab installs them, five
 // minutes before their liveness probes count: without KVM they took more
 // than the 30 s the release allows to serve them, and were killed again
-// and again (measured on 2 cores). It also gives their leader election the
+// and again (measured on 2 cores); and then, answering in more than the
+// 1 s their probes allow, killed again (a fourth try), and source-controller
+// not Ready, so without endpoints for helm-controller to fetch charts
+// from. Their probes get 10 s, and six misses. It also gives their leader election the
 // long leases the lab gives Talos's control plane (slowControlPlanePatch):
 // with the 35 s default, a controller lost its lease about 19 minutes into
 // a --platform run and exited halfway through installing a chart.
@@ -120,6 +125,15 @@ patches:
       - op: add
         path: /spec/template/spec/containers/0/livenessProbe/initialDelaySeconds
         value: 300
+      - op: add
+        path: /spec/template/spec/containers/0/livenessProbe/timeoutSeconds
+        value: 10
+      - op: add
+        path: /spec/template/spec/containers/0/livenessProbe/failureThreshold
+        value: 6
+      - op: add
+        path: /spec/template/spec/containers/0/readinessProbe/timeoutSeconds
+        value: 10
       - op: add
         path: /spec/template/spec/containers/0/args/-
         value: --leader-election-lease-duration=120s

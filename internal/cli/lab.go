@@ -120,7 +120,7 @@ func newLabUpCommand(g *Globals, name, dir *string) *cobra.Command {
 	f.StringVar(&c.Accel, "accel", "auto", "auto (KVM if it really boots, else TCG), kvm or tcg")
 	f.StringVar(&c.NodeServices, "node-services", lab.NodeServicesAuto, "emulated nodes run kubelet, containerd, the controllers and pods: on, off (the Talos API, etcd and kube-apiserver only), or auto (on under KVM, off under TCG)")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "longest wait for each bootstrap step")
-	f.BoolVar(&c.Platform, "platform", false, "after the bootstrap, install the platform's components whose images Cozy builds ("+strings.Join(lab.PlatformComponents, ", ")+") with Flux, from the lab's registry and a Git server on its bridge, and wait until they are Ready (needs --node-services on; under TCG on 2 cores it has not reached Ready yet: docs/lab.md)")
+	f.BoolVar(&c.Platform, "platform", false, "after the bootstrap, install the platform's components whose images Cozy builds ("+strings.Join(lab.PlatformComponents, ", ")+") with Flux, from the lab's registry and a Git server on its bridge, and wait until they are Ready (each component has "+strings.TrimSuffix(lab.FluxTimeout.String(), "0s")+", the wait at least as long; needs --node-services on; under TCG on 2 cores it has not reached Ready yet: docs/lab.md)")
 	f.StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp+" (with --platform)")
 	f.BoolVar(&noBootstrap, "no-bootstrap", false, "stop once the rack stands powered off with its BMCs answering, and print the bootstrap command to run yourself")
 	return cmd
