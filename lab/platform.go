@@ -109,13 +109,14 @@ func (c *Config) platformSection() string {
 // fluxPatch gives Flux's controllers, as the lab installs them, five
 // minutes before their liveness probes count: without KVM they took more
 // than the 30 s the release allows to serve them, and were killed again
-// and again (measured on 2 cores); and then, answering in more than the
-// 1 s their probes allow, killed again (a fourth try), and source-controller
-// not Ready, so without endpoints for helm-controller to fetch charts
-// from. Their probes get 10 s, and six misses. It also gives their leader election the
-// long leases the lab gives Talos's control plane (slowControlPlanePatch):
-// with the 35 s default, a controller lost its lease about 19 minutes into
-// a --platform run and exited halfway through installing a chart.
+// and again (measured on 2 cores). Later, answering in more than the 1 s
+// their probes allow, they were killed again, and source-controller left
+// unready, without endpoints for helm-controller to fetch charts from
+// (the fifth try in docs/lab.md): their probes get 10 s and six misses.
+// Their leader election gets the long leases the lab gives Talos's
+// control plane (slowControlPlanePatch): with the 35 s default, the
+// controllers lost their leases about 19 minutes into a --platform run
+// and exited halfway through installing a chart.
 const fluxPatch = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [install.yaml]
