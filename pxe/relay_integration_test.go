@@ -17,6 +17,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
 	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 )
@@ -37,10 +38,8 @@ func TestFullModeThroughRelay(t *testing.T) {
 	if rt := ack.Router(); len(rt) != 1 || rt[0].String() != "10.80.1.1" {
 		t.Errorf("router %v, want the relay's 10.80.1.1", rt)
 	}
-	logs := r.stderr.String()
-	if !hasLine(logs, `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1", "option82=true", "to=10.80.1.1:67") {
-		t.Errorf("the ACK did not go back to the relay with option 82:\n%s", logs)
-	}
+	waitLine(t, r.stderr, "the ACK going back to the relay with option 82",
+		`msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1", "option82=true", "to=10.80.1.1:67")
 }
 
 // TestFullModePools serves the server's own link and two networks behind
@@ -123,9 +122,20 @@ machines:
 		len(ack.DNS()) != 1 || ack.DNS()[0].String() != "10.77.0.1" {
 		t.Errorf("the rack's machine behind the relay: %s, want 10.80.1.77, router 10.80.1.1, DNS 10.77.0.1", ack.Summary())
 	}
-	if !hasLine(r.stderr.String(), `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1") {
-		t.Errorf("the ACK did not go back through the relay:\n%s", r.stderr)
-	}
+	waitLine(t, r.stderr, "the ACK going back through the relay", `msg="dhcp reply"`, "outcome=ack", "relay=10.80.1.1")
+}
+
+// waitLine waits for a line of log holding every one of subs. The server
+// logs a reply after sending it, so the client may hold the ACK before the
+// line is written: CI once read the log in between.
+func waitLine(t *testing.T, log *syncbuf.Buffer, what string, subs ...string) {
+	t.Helper()
+	poll.Within(t, 10*time.Second, 50*time.Millisecond, what, func() error {
+		if hasLine(log.String(), subs...) {
+			return nil
+		}
+		return fmt.Errorf("no such line in the server's log:\n%s", log)
+	})
 }
 
 // newRelayRig is newRig with a relay namespace between the server and the
