@@ -183,6 +183,10 @@ func layouts(t *testing.T) map[string]*render.Layout {
 	return map[string]*render.Layout{
 		"lab":     mustRender(t, labRack(t)),
 		"example": mustRender(t, exampleRack(t, "prod")),
+		// A slow machine's: every wait longer, Deployments' progress
+		// deadlines through post-renderers.
+		"slow": mustRender(t, exampleRack(t, "prod", platformLine,
+			platformLine+"  values:\n    flux: {timeout: 45m, progressDeadlineSeconds: 2700}\n")),
 	}
 }
 

@@ -3,6 +3,7 @@ package render_test
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,9 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/lab"
@@ -20,6 +24,10 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files and clusters/lab")
+
+// platformLine is the example rack's platform line, which tests replace
+// with it and the settings they add.
+const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
 
 // repoRoot is where clusters/ and charts/ live, seen from this package.
 const repoRoot = "../.."
@@ -275,7 +283,6 @@ func TestComponentSwitch(t *testing.T) {
 		}
 		return s
 	}
-	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
 
 	diskless := []string{"linstor", "cdi", "kamaji", "cluster-api-providers", "cozy-operator"}
 	l := mustRender(t, exampleRack(t, "prod", platformLine, off(diskless...)))
@@ -334,7 +341,6 @@ func TestComponentSwitch(t *testing.T) {
 // network of its own, Talos's flannel: then the components that wait for
 // networking wait for nothing, and stay on.
 func TestNetworkingSwitch(t *testing.T) {
-	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
 	off := platformLine + "  components:\n    networking: {enabled: false}\n"
 
 	r := exampleRack(t, "prod", platformLine, off)
@@ -385,7 +391,6 @@ func TestNetworkingSwitch(t *testing.T) {
 // HelmReleases' alike (a lab under TCG needs longer); unset, each keeps
 // its own.
 func TestFluxTimeout(t *testing.T) {
-	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
 	timeouts := func(r *rack.Rack) map[string]string {
 		objs, err := mustRender(t, r).Objects()
 		if err != nil {
@@ -414,12 +419,93 @@ func TestFluxTimeout(t *testing.T) {
 	}
 }
 
+// flux.progressDeadlineSeconds reaches every Deployment of every
+// HelmRelease through a post-renderer (Helm's wait fails at once on a
+// Deployment past its deadline, whatever the timeout); unset, no
+// HelmRelease has one. The patch is run as Flux runs it, through
+// kustomize, on a Deployment without the field and on one with it.
+func TestFluxProgressDeadline(t *testing.T) {
+	releases := func(r *rack.Rack) []*unstructured.Unstructured {
+		objs, err := mustRender(t, r).Objects()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hrs []*unstructured.Unstructured
+		for _, o := range objs {
+			if o.GetKind() == "HelmRelease" {
+				hrs = append(hrs, o.Unstructured)
+			}
+		}
+		return hrs
+	}
+	for _, hr := range releases(exampleRack(t, "prod")) {
+		if _, found, _ := unstructured.NestedFieldNoCopy(hr.Object, "spec", "postRenderers"); found {
+			t.Errorf("HelmRelease %s has post-renderers without flux.progressDeadlineSeconds", hr.GetName())
+		}
+	}
+	slow := releases(exampleRack(t, "prod", platformLine, platformLine+"  values:\n    flux: {progressDeadlineSeconds: 2700}\n"))
+	if len(slow) < 8 {
+		t.Fatalf("%d HelmReleases, want every one of the example's", len(slow))
+	}
+	for _, hr := range slow {
+		prs, _, _ := unstructured.NestedSlice(hr.Object, "spec", "postRenderers")
+		if len(prs) != 1 {
+			t.Errorf("HelmRelease %s: post-renderers %v, want the progress deadline's", hr.GetName(), prs)
+			continue
+		}
+		patches, _, _ := unstructured.NestedSlice(prs[0].(map[string]any), "kustomize", "patches")
+		if len(patches) != 1 || fmt.Sprint(patches[0].(map[string]any)["target"]) != "map[kind:Deployment]" {
+			t.Errorf("HelmRelease %s: patches %v, want one for every Deployment", hr.GetName(), patches)
+			continue
+		}
+		for _, dep := range []string{"", "  progressDeadlineSeconds: 600\n"} {
+			if got := kustomizePatch(t, patches[0].(map[string]any)["patch"].(string), dep); got != "2700" {
+				t.Errorf("HelmRelease %s: the patched Deployment's progressDeadlineSeconds %s, want 2700", hr.GetName(), got)
+			}
+		}
+	}
+}
+
+// kustomizePatch runs patch, a JSON 6902 patch for every Deployment, over
+// a Deployment whose spec holds spec as kustomize does for Flux's
+// post-renderers, and returns the result's progressDeadlineSeconds.
+func kustomizePatch(t *testing.T, patch, spec string) string {
+	t.Helper()
+	fs := filesys.MakeFsInMemory()
+	deployment := "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, namespace: n}\nspec:\n  replicas: 1\n" + spec
+	k, err := yaml.Marshal(map[string]any{
+		"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": []string{"d.yaml"},
+		"patches": []map[string]any{{"target": map[string]any{"kind": "Deployment"}, "patch": patch}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string]string{"/k/d.yaml": deployment, "/k/kustomization.yaml": string(k)} {
+		if err := fs.WriteFile(name, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, "/k")
+	if err != nil {
+		t.Fatalf("kustomize: %v", err)
+	}
+	rs := m.Resources()
+	if len(rs) != 1 {
+		t.Fatalf("%d resources out of kustomize", len(rs))
+	}
+	obj, err := rs[0].Map()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, _ := unstructured.NestedFieldNoCopy(obj, "spec", "progressDeadlineSeconds")
+	return fmt.Sprint(got)
+}
+
 // A component's values are merged over what the platform gives its
 // HelmRelease: maps key by key, the rest replaced; the document keeps its
 // comments and every other file is unchanged. A HelmRelease the
 // component does not have is refused, naming those it has.
 func TestComponentValues(t *testing.T) {
-	const platformLine = "platform:                       # what the platform layer (Flux) reads\n"
 	plain := mustRender(t, exampleRack(t, "prod"))
 	l := mustRender(t, exampleRack(t, "prod", platformLine, platformLine+`  components:
     cert-manager:

@@ -59,6 +59,8 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"release without its v", with("versions.kubevirt", "1.9.0"), []string{"/versions/kubevirt"}},
 		{"interval in words", with("flux.interval", "ten minutes"), []string{"/flux/interval"}},
 		{"timeout in words", with("flux.timeout", "an hour"), []string{"/flux/timeout"}},
+		{"progress deadline in words", with("flux.progressDeadlineSeconds", "40m"), []string{"/flux/progressDeadlineSeconds"}},
+		{"negative progress deadline", with("flux.progressDeadlineSeconds", -1), []string{"/flux/progressDeadlineSeconds", "minimum"}},
 		{"feature gate spelling", with("kubevirt.featureGates", []any{"live-migration"}), []string{"/kubevirt/featureGates/0"}},
 		{"emulation not a boolean", with("kubevirt.useEmulation", "yes"), []string{"/kubevirt/useEmulation", "want boolean"}},
 	} {

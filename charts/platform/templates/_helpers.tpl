@@ -82,9 +82,10 @@ spec:
 {{/*
 platform.releaseSpec: what every HelmRelease shares: reconcile interval,
 timeout (.timeout, unless flux.timeout says), CRDs created and upgraded
-with the chart, and remediation that
-retries a failed install (uninstalling first) and rolls back a failed
-upgrade. Arguments: root, timeout.
+with the chart, remediation that retries a failed install (uninstalling
+first) and rolls back a failed upgrade, and Deployments' progress
+deadline when flux.progressDeadlineSeconds sets one. Arguments: root,
+timeout.
 */}}
 {{- define "platform.releaseSpec" -}}
 interval: {{ .root.Values.flux.interval }}
@@ -107,6 +108,17 @@ uninstall:
   keepHistory: false
 driftDetection:
   mode: warn
+{{- with .root.Values.flux.progressDeadlineSeconds }}
+{{- /* Past its deadline a Deployment is Failed to kstatus, and Helm's wait gives up at once. */}}
+postRenderers:
+  - kustomize:
+      patches:
+        - target: {kind: Deployment}
+          patch: |
+            - op: add
+              path: /spec/progressDeadlineSeconds
+              value: {{ int . }}
+{{- end }}
 {{- end }}
 
 {{/*
