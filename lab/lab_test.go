@@ -314,7 +314,7 @@ func TestRackPlatform(t *testing.T) {
 	}
 	// MetalLB's probes wait for a VM without KVM, through its HelmRelease;
 	// its speakers run on the worker only; every component waits
-	// FluxTimeout.
+	// FluxTimeout, and so do the Deployments Helm installs.
 	var probe any
 	for _, o := range objs {
 		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
@@ -333,9 +333,15 @@ func TestRackPlatform(t *testing.T) {
 				t.Errorf("%s %s: timeout %q, want the lab's %s", k, o.GetName(), got, FluxTimeout)
 			}
 		}
+		if o.GetKind() == "HelmRelease" {
+			prs, _, _ := unstructured.NestedSlice(o.Object, "spec", "postRenderers")
+			if !strings.Contains(fmt.Sprint(prs), "progressDeadlineSeconds\n  value: 2400") {
+				t.Errorf("HelmRelease %s: post-renderers %v, want Deployments' progress deadline at FluxTimeout", o.GetName(), prs)
+			}
+		}
 	}
-	if fmt.Sprint(probe) != "300" {
-		t.Errorf("MetalLB controller's liveness probe delay %v (%T), want 300", probe, probe)
+	if fmt.Sprint(probe) != "900" {
+		t.Errorf("MetalLB controller's liveness probe delay %v (%T), want 900", probe, probe)
 	}
 
 	// A lab of one control plane keeps its speaker there: someone has to

@@ -64,22 +64,25 @@ func (c *Config) platformSection() string {
   mirror: %s/charts   # the charts Cozy makes, in the lab's registry
   loadBalancerPool: [%s-%s]
   values:
-    flux: {timeout: %s}            # each chart's own 5 to 10 minutes are too short under TCG
+    flux:
+      timeout: %s                 # each chart's own 5 to 10 minutes are too short under TCG
+      progressDeadlineSeconds: %d # else Helm's wait fails a Deployment 10 minutes in
   components:                      # the rest has no image built here yet (docs/images.md)
-`, gitURL(), RegistryURL(), PoolFrom, PoolTo, strings.TrimSuffix(FluxTimeout.String(), "0s"))
-	// Without KVM MetalLB's controller takes minutes to make its
-	// webhook's certificates before it serves the port its probes ask
-	// (measured: killed by its liveness probe, 10 s + 3 x 10 s, again and
-	// again); the lab gives it and the speaker time, as it gives Talos's
-	// control plane longer leases.
+`, gitURL(), RegistryURL(), PoolFrom, PoolTo, strings.TrimSuffix(FluxTimeout.String(), "0s"), int(FluxTimeout.Seconds()))
+	// Without KVM MetalLB's controller takes minutes before it serves the
+	// port its probes ask (measured: killed by its liveness probe, 10 s +
+	// 3 x 10 s, again and again; then, with 300 s, still unserved 5 and a
+	// half minutes after its container started); the lab gives it and the
+	// speaker 15 minutes and six misses, as it gives Talos's control plane
+	// longer leases.
 	b.WriteString(`    metallb:
       values:
         metallb:                     # its HelmRelease
           controller:
-            livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+            livenessProbe: {initialDelaySeconds: 900, timeoutSeconds: 10, failureThreshold: 6}
             readinessProbe: {timeoutSeconds: 10}   # its webhook's endpoints
           speaker:
-            livenessProbe: {initialDelaySeconds: 300, timeoutSeconds: 10}
+            livenessProbe: {initialDelaySeconds: 900, timeoutSeconds: 10, failureThreshold: 6}
             readinessProbe: {timeoutSeconds: 10}
 `)
 	if c.Nodes > c.ControlPlanes {
