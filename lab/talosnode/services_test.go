@@ -13,6 +13,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
@@ -67,6 +68,13 @@ machines:
 // fixed test secrets, so what is rendered from them is stable.
 func servicesConfigs(t *testing.T) map[string]config.Config {
 	t.Helper()
+	return servicesConfigsEdited(t, "", "")
+}
+
+// servicesConfigsEdited is servicesConfigs with old replaced by new in
+// the cluster's secrets.
+func servicesConfigsEdited(t *testing.T, old, new string) map[string]config.Config {
+	t.Helper()
 	r, err := rack.Parse([]byte(servicesRack), "rack.yaml", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +83,12 @@ func servicesConfigs(t *testing.T) map[string]config.Config {
 	data, err := os.ReadFile("../../bootstrap/talosconfig/testdata/secrets.yaml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if old != "" {
+		if !strings.Contains(string(data), old) {
+			t.Fatalf("the test secrets hold no %q", old)
+		}
+		data = []byte(strings.Replace(string(data), old, new, 1))
 	}
 	if err := os.WriteFile(secretsFile, data, 0o600); err != nil {
 		t.Fatal(err)
@@ -145,6 +159,34 @@ func TestBootstrapManifests(t *testing.T) {
 	if strings.Contains(string(rendered), "10.96.0.10") == false {
 		t.Errorf("kube-dns is not at the tenth address of the service subnet")
 	}
+}
+
+// A bootstrap token of digits alone (a CI run drew 208772) still makes a
+// Secret the API server takes: its stringData are strings, not numbers.
+func TestBootstrapTokenOfDigits(t *testing.T) {
+	mcs := servicesConfigsEdited(t, "bootstraptoken: h1ozy0.eze26p6ojregzgag", "bootstraptoken: 208772.1234567890123456")
+	rendered, err := renderManifests(mcs["cp1"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := manifestObjects(rendered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "Secret" {
+			continue
+		}
+		var s corev1.Secret
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &s); err != nil {
+			t.Fatalf("%s: %v", o.GetName(), err)
+		}
+		if s.Name != "bootstrap-token-208772" || s.StringData["token-id"] != "208772" || s.StringData["token-secret"] != "1234567890123456" {
+			t.Errorf("bootstrap token Secret %s: %v", s.Name, s.StringData)
+		}
+		return
+	}
+	t.Fatal("no Secret among the bootstrap manifests")
 }
 
 // The kubelet's config file is Talos's for each role; on the container
