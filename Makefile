@@ -18,11 +18,11 @@ LDFLAGS     := -X cozy.dev/cozy/internal/version.Version=$(VERSION) -X cozy.dev/
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(COZY_CACHE_DIR)/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 TEST_FLAGS  ?= -count=1 -timeout=20m
-# Tests, go vet and staticcheck compile as `make build` does (static,
-# -trimpath), and so do the binaries the tests build (cozyctl, the node
+# Every build, test, go vet and staticcheck here compiles static and
+# -trimpath, and so do the binaries the tests build (cozyctl, the node
 # image's cozy-talos-node, the operator image's binary): a cold CI then
 # compiles the module's dependencies once instead of once per set of flags.
-GO_CHECK_ENV := CGO_ENABLED=0 GOFLAGS='-trimpath $(GOFLAGS)'
+GO_ENV := CGO_ENABLED=0 GOFLAGS='-trimpath $(GOFLAGS)'
 # The Kubernetes version `make e2e` upgrades from (a second build of
 # hack/envtest-assets.sh): one minor below the default build.
 K8S_PREVIOUS ?= v1.35.4
@@ -33,9 +33,9 @@ help: ## List the targets
 
 .PHONY: build
 build: ## Build bin/cozyctl, bin/cozy-operator and bin/cozy-talos-node (static, stripped: the lab's node image carries it)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozyctl ./cmd/cozyctl
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/cozy-operator ./cmd/cozy-operator
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
+	$(GO_ENV) $(GO) build -ldflags '$(LDFLAGS)' -o bin/cozyctl ./cmd/cozyctl
+	$(GO_ENV) $(GO) build -ldflags '$(LDFLAGS)' -o bin/cozy-operator ./cmd/cozy-operator
+	$(GO_ENV) $(GO) build -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
 
 # The operator image's tag: the chart's appVersion, which the chart's
 # Deployment pulls by default.
@@ -43,7 +43,7 @@ IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cozy-operator/
 
 .PHONY: image
 image: ## Build the cozy-operator image as an OCI archive, bin/cozy-operator-image.tar (docs/tenants.md#the-operator-image)
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/linux-amd64/cozy-operator ./cmd/cozy-operator
+	$(GO_ENV) GOOS=linux GOARCH=amd64 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o bin/linux-amd64/cozy-operator ./cmd/cozy-operator
 	SOURCE_DATE_EPOCH="$$(git log -1 --format=%ct 2>/dev/null || echo 0)" $(GO) run ./hack/ociimage \
 		-o bin/cozy-operator-image.tar -binary bin/linux-amd64/cozy-operator -path /cozy-operator -tag $(IMAGE_TAG) \
 		-label org.opencontainers.image.title=cozy-operator -label org.opencontainers.image.version=$(VERSION) \
@@ -67,7 +67,7 @@ capi: ## Build (once, cached) the Cluster API core manager for the tenant operat
 
 .PHONY: unit
 unit: ## Unit tests: fast, no root, no API server
-	$(GO_CHECK_ENV) $(GO) test $(TEST_FLAGS) ./...
+	$(GO_ENV) $(GO) test $(TEST_FLAGS) ./...
 
 .PHONY: node
 node: envtest ## Build (once, cached) containerd, the CNI plugins, the images the nodes pull (pause, CoreDNS, flannel, kube-proxy, busybox) and the platform's (Flux, MetalLB)
@@ -84,7 +84,7 @@ NODE_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_BOOT_ASSETS="$$(
 test: envtest flux capi node ## Unit and integration tests: real kube-apiserver + etcd, Flux and Cluster API controllers, a cluster of emulated nodes in namespaces, QEMU netboot (root)
 	$(NODE_ENV) COZY_BOOT_ASSETS_ARM64="$$(hack/boot-assets.sh arm64)" \
 		COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
-		$(GO_CHECK_ENV) $(GO) test -tags integration $(TEST_FLAGS) ./...
+		$(GO_ENV) $(GO) test -tags integration $(TEST_FLAGS) ./...
 
 .PHONY: lab
 lab: deps build ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a Kubernetes cluster (root; installs its Debian packages, builds what it runs the first time)
@@ -93,14 +93,14 @@ lab: deps build ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a Kub
 .PHONY: lab-test
 lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted and bootstrapped under TCG, node services off, checked phase by phase (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO_CHECK_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
+		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
 
 .PHONY: e2e
 e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
-		$(GO_CHECK_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
+		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
-		$(GO_CHECK_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
+		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
 
 .PHONY: bench
 bench: build envtest node ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)
@@ -128,8 +128,8 @@ $(STATICCHECK):
 # one pass with all of them reads every file.
 lint: $(STATICCHECK) ## go vet and staticcheck over every file (all build tags); generated files up to date
 	hack/generate.sh --check
-	$(GO_CHECK_ENV) $(GO) vet -tags 'integration lab bench e2e' ./...
-	$(GO_CHECK_ENV) $(STATICCHECK) -tags 'integration lab bench e2e' ./...
+	$(GO_ENV) $(GO) vet -tags 'integration lab bench e2e' ./...
+	$(GO_ENV) $(STATICCHECK) -tags 'integration lab bench e2e' ./...
 
 .PHONY: check
 check: deps fmt lint test lab-test ## Everything CI runs: the README's test command
