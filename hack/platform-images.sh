@@ -53,7 +53,7 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
-	cat hack/platform-images.sh hack/platformimages/main.go
+	cat hack/platform-images.sh hack/flux-controllers.sh hack/platformimages/main.go
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
 key="flux-${source_version}-${kustomize_version}-${helm_version}_metallb-${metallb_version}_ca-${ca_deb}_build-${build_hash}"
