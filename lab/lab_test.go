@@ -18,6 +18,7 @@ import (
 	"cozy.dev/cozy/bootstrap/rack"
 	"cozy.dev/cozy/bootstrap/talosconfig"
 	"cozy.dev/cozy/internal/kernelimage"
+	"cozy.dev/cozy/lab/nodeimage"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 )
@@ -208,6 +209,26 @@ func TestQEMUArgs(t *testing.T) {
 	args := strings.Join(c.BootstrapArgs(kernelimage.Image{Kernel: "/k", Initrds: []string{"/i"}, Cmdline: "console=ttyS0"}), " ")
 	if args != "bootstrap --rack /labs/q/rack.yaml --state-dir /labs/q/state --kernel /k --server-ip 192.168.77.1 --initrd /i --cmdline console=ttyS0" {
 		t.Errorf("bootstrap args: %s", args)
+	}
+}
+
+func TestNodeCmdline(t *testing.T) {
+	tests := []struct {
+		name, image, accel string
+		nodeServices       bool
+		want               string
+	}{
+		{"kvm with node services", "", "kvm", true, "console=ttyS0 panic=-1"},
+		{"tcg with node services: the TSC", "", "tcg", true, "console=ttyS0 panic=-1 tsc=reliable"},
+		{"tcg without: the TSC and the API only", "", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable cozy.api_only"},
+		{"kvm without", "", "kvm", false, "console=ttyS0 panic=-1 cozy.api_only"},
+		{"Talos under tcg: its own services, the TSC", "talos", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable"},
+	}
+	for _, tt := range tests {
+		c := &Config{Image: tt.image}
+		if got := c.nodeCmdline(nodeimage.Cmdline, tt.accel, tt.nodeServices); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 

@@ -136,8 +136,8 @@ func Up(ctx context.Context, c *Config, o UpOptions) (*Result, error) {
 		return res, err
 	}
 	res.NodeServices = c.runsNodeServices(res.Accel)
+	img.Cmdline = c.nodeCmdline(img.Cmdline, res.Accel, res.NodeServices)
 	if c.Image != "talos" && !res.NodeServices {
-		img.Cmdline = strings.TrimSpace(img.Cmdline + " " + nodeimage.APIOnlyArg)
 		if c.NodeServices == NodeServicesAuto {
 			o.Log.Warn("lab: under " + res.Accel + " the nodes run the Talos API, etcd and kube-apiserver only, no kubelet or pods " +
 				"(without KVM they are slow: on 2 cores CoreDNS became available 8 to 10 minutes after lab up started with 1 or 2 VMs, and not at all with 3: docs/lab.md#measured); --node-services on runs them")
@@ -376,6 +376,20 @@ func milestones(events io.Reader, offset time.Duration, machines int) ([]Milesto
 		out[i].At = out[i].At.Round(100 * time.Millisecond)
 	}
 	return out, nil
+}
+
+// nodeCmdline is the kernel command line the lab's machines boot with:
+// the image's, plus the TSC under TCG (nodeimage.TCGArg) and, for the
+// emulated node without node services, the API-only switch.
+func (c *Config) nodeCmdline(cmdline, accel string, nodeServices bool) string {
+	args := strings.Fields(cmdline)
+	if accel == "tcg" {
+		args = append(args, nodeimage.TCGArg)
+	}
+	if c.Image != "talos" && !nodeServices {
+		args = append(args, nodeimage.APIOnlyArg)
+	}
+	return strings.Join(args, " ")
 }
 
 // BootstrapArgs is the `cozyctl bootstrap` command line of the lab, run
