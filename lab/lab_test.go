@@ -219,10 +219,10 @@ func TestNodeCmdline(t *testing.T) {
 		want               string
 	}{
 		{"kvm with node services", "", "kvm", true, "console=ttyS0 panic=-1"},
-		{"tcg with node services: the TSC", "", "tcg", true, "console=ttyS0 panic=-1 tsc=reliable"},
-		{"tcg without: the TSC and the API only", "", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable cozy.api_only"},
+		{"tcg with node services: the TSC, no PTI", "", "tcg", true, "console=ttyS0 panic=-1 tsc=reliable pti=off"},
+		{"tcg without: the TSC and the API only", "", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable pti=off cozy.api_only"},
 		{"kvm without", "", "kvm", false, "console=ttyS0 panic=-1 cozy.api_only"},
-		{"Talos under tcg: its own services, the TSC", "talos", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable"},
+		{"Talos under tcg: its own services, the TSC", "talos", "tcg", false, "console=ttyS0 panic=-1 tsc=reliable pti=off"},
 	}
 	for _, tt := range tests {
 		c := &Config{Image: tt.image}

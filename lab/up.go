@@ -379,12 +379,12 @@ func milestones(events io.Reader, offset time.Duration, machines int) ([]Milesto
 }
 
 // nodeCmdline is the kernel command line the lab's machines boot with:
-// the image's, plus the TSC under TCG (nodeimage.TCGArg) and, for the
+// the image's, plus what TCG needs (nodeimage.TCGArgs) and, for the
 // emulated node without node services, the API-only switch.
 func (c *Config) nodeCmdline(cmdline, accel string, nodeServices bool) string {
 	args := strings.Fields(cmdline)
 	if accel == "tcg" {
-		args = append(args, nodeimage.TCGArg)
+		args = append(args, strings.Fields(nodeimage.TCGArgs)...)
 	}
 	if c.Image != "talos" && !nodeServices {
 		args = append(args, nodeimage.APIOnlyArg)

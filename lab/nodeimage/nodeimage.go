@@ -43,15 +43,25 @@ import (
 // netboot server (pxe/ipxe).
 const Cmdline = "console=ttyS0 panic=-1"
 
-// TCGArg is added to the command line of a VM without KVM. Under QEMU's
-// TCG the kernel finds the vCPUs' TSCs unsynchronised (TCG's timing of
-// its boot check), marks the TSC unstable and reads time from the HPET:
-// every clock read then traps into QEMU's device emulation, under its
-// global lock. TCG's TSCs all come from one host clock, so they are in
-// sync; tsc=reliable skips the check and the watchdog, and the vDSO reads
-// the TSC. A Go program's time.Now took 13 to 15 us per call on the HPET
-// and about 1 us on the TSC (2 vCPUs, 2026-12-06; docs/lab.md).
-const TCGArg = "tsc=reliable"
+// TCGArgs are added to the command line of a VM without KVM, last, so
+// that they win over the same options earlier on it:
+//
+//   - tsc=reliable: under QEMU's TCG the kernel finds the vCPUs' TSCs
+//     unsynchronised (TCG's timing of its boot check), marks the TSC
+//     unstable and reads time from the HPET, every read a trap into
+//     QEMU's device emulation. TCG's TSCs all come from one host clock,
+//     so they are in sync; with tsc=reliable the vDSO reads the TSC.
+//   - pti=off: Talos's kernel arguments force page-table isolation on
+//     (pti=on), a Meltdown mitigation; TCG's CPU is not affected (the
+//     kernel says so in /sys/devices/system/cpu/vulnerabilities/meltdown)
+//     and under TCG each of the two page-table switches of a system call
+//     flushes QEMU's software TLB.
+//
+// Measured with a Go program in a 1-vCPU TCG VM of Debian's kernel
+// (2026-12-06, docs/lab.md#the-kernel-under-tcg): time.Now 13 to 15 us
+// per call on the HPET, 0.3 to 1 us on the TSC; getppid 18 to 21 us with
+// pti=on, 0.8 to 1.2 us with pti=off.
+const TCGArgs = "tsc=reliable pti=off"
 
 // APIOnlyArg on the kernel command line keeps the node to the Talos API,
 // etcd and kube-apiserver: /init then runs it without --node-services.

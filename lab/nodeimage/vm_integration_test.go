@@ -116,7 +116,7 @@ func TestNodeVM(t *testing.T) {
 	}
 	serverLog := &syncbuf.Buffer{}
 	srv := ns.Command(ctx, cozyctl.Path(t), "pxe", "serve", "--rack", rackFile, "--state-dir", filepath.Join(dir, "pxe"),
-		"--kernel", img.Kernel, "--initrd", img.Initrd, "--cmdline", img.Cmdline+" "+nodeimage.APIOnlyArg+" "+nodeimage.TCGArg)
+		"--kernel", img.Kernel, "--initrd", img.Initrd, "--cmdline", img.Cmdline+" "+nodeimage.APIOnlyArg+" "+nodeimage.TCGArgs)
 	srv.Stderr = serverLog
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
