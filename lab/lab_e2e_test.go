@@ -51,6 +51,7 @@ import (
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab"
 	"cozy.dev/cozy/lab/nodeimage"
+	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/status"
 	"cozy.dev/cozy/platform/upstream"
@@ -84,8 +85,33 @@ func TestLab(t *testing.T) {
 			t.Errorf("%s ran its node services with %s on its kernel command line", m.Name, nodeimage.APIOnlyArg)
 		}
 	}
+	checkKernelUnderTCG(t, &c)
 	platformAccepted(ctx, t, &c, res.Kubeconfig)
 	dayTwo(ctx, t, &c)
+}
+
+// checkKernelUnderTCG checks, in each VM's kernel log, what
+// nodeimage.TCGArgs are for: the kernel reads time from the TSC, and
+// Talos's pti=on, earlier on the command line, did not turn page-table
+// isolation on.
+func checkKernelUnderTCG(t *testing.T, c *lab.Config) {
+	t.Helper()
+	for _, m := range c.Machines() {
+		serial, err := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := string(serial)
+		if !strings.Contains(log, "pti=on") {
+			t.Errorf("%s: no pti=on on its kernel command line: Talos's arguments are not what nodeimage.TCGArgs expects", m.Name)
+		}
+		if !strings.Contains(log, "clocksource: Switched to clocksource tsc") {
+			t.Errorf("%s: the kernel did not switch to the TSC under TCG", m.Name)
+		}
+		if strings.Contains(log, "page tables isolation: enabled") {
+			t.Errorf("%s: page-table isolation is on under TCG", m.Name)
+		}
+	}
 }
 
 // labUpgradeFrom is the Kubernetes version TestLab bootstraps, then
@@ -254,7 +280,8 @@ func checkPlatformStatus(ctx context.Context, t *testing.T, c *lab.Config, kubec
 		t.Errorf("platform status: not Ready: %s", out)
 	}
 	for _, comp := range rep.Components {
-		if on := slices.Contains(lab.PlatformComponents, comp.Name); on != !comp.Off || on && !comp.Ready {
+		// The bootstrap's root sync (flux.SyncName) has its own row, on.
+		if on := slices.Contains(lab.PlatformComponents, comp.Name) || comp.Name == flux.SyncName; on != !comp.Off || on && !comp.Ready {
 			t.Errorf("%s: ready %v, off %v (%s); want the lab's components Ready, the rest off", comp.Name, comp.Ready, comp.Off, comp.Message)
 		}
 	}
@@ -673,6 +700,15 @@ func tryUpLab(ctx context.Context, t *testing.T, c *lab.Config, opts upOptions) 
 				{"-n", "kube-system", "logs", "-l", "k8s-app=kube-proxy", "--prefix", "--tail", "15"}} {
 				out, err := kubectl(args...)
 				t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, tail(out, 60))
+			}
+			if c.Platform {
+				fluxPods := "app in (source-controller,kustomize-controller,helm-controller)"
+				for _, args := range [][]string{{"get", "gitrepositories,kustomizations,helmrepositories,helmcharts,helmreleases", "-A"},
+					{"-n", "flux-system", "logs", "-l", fluxPods, "--prefix", "--tail", "40"},
+					{"-n", "flux-system", "logs", "-l", fluxPods, "--prefix", "--tail", "40", "--previous"}} {
+					out, err := kubectl(args...)
+					t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, tail(out, 130))
+				}
 			}
 			logServiceTails(t, c, []string{"containerd", "kubelet"}, 30)
 		}

@@ -348,6 +348,9 @@ func TestRackPlatform(t *testing.T) {
 			if got := fmt.Sprint(terms); got != "[map[matchExpressions:[map[key:node-role.kubernetes.io/control-plane operator:DoesNotExist]]]]" {
 				t.Errorf("speaker's node affinity %s, want no control planes with a worker", got)
 			}
+			if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "speaker", "ignoreExcludeLB"); found {
+				t.Error("with a worker, the speaker need not ignore the control planes' exclude label")
+			}
 		}
 		if k := o.GetKind(); k == "HelmRelease" || k == "Kustomization" && o.GetAPIVersion() == "kustomize.toolkit.fluxcd.io/v1" {
 			if got, _, _ := unstructured.NestedString(o.Object, "spec", "timeout"); got != "40m" {
@@ -373,6 +376,11 @@ func TestRackPlatform(t *testing.T) {
 		if o.GetKind() == "HelmRelease" && o.GetName() == "metallb" {
 			if _, found, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "speaker", "affinity"); found {
 				t.Error("a one-node lab keeps its speaker off its only node")
+			}
+			// ... and lets it announce from a node Talos labels
+			// exclude-from-external-load-balancers.
+			if ignore, _, _ := unstructured.NestedBool(o.Object, "spec", "values", "speaker", "ignoreExcludeLB"); !ignore {
+				t.Error("a one-node lab's speaker honours its control plane's exclude-from-external-load-balancers label: nobody announces")
 			}
 		}
 	}

@@ -85,7 +85,14 @@ func (c *Config) platformSection() string {
             livenessProbe: {initialDelaySeconds: 900, timeoutSeconds: 10, failureThreshold: 6}
             readinessProbe: {timeoutSeconds: 10}
 `)
-	if c.Nodes > c.ControlPlanes {
+	if c.Nodes == c.ControlPlanes {
+		// No workers: the control planes announce the pool. Talos labels
+		// them node.kubernetes.io/exclude-from-external-load-balancers,
+		// which MetalLB's speaker honours unless told otherwise (the
+		// first one-VM try got its address but no ARP answer).
+		b.WriteString(`            ignoreExcludeLB: true    # no workers: the control planes announce
+`)
+	} else {
 		// The workers announce the pool; the control-plane VMs, which the
 		// API server and etcd keep busy enough, run no speaker. (Not
 		// tolerateMaster: the lab's control planes take pods, untainted.)
