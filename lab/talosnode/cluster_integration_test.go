@@ -312,6 +312,7 @@ func TestClusterRunsPods(t *testing.T) {
 	clustertest.CheckWorkloads(t, kubectl, pods, c.domain)
 	clustertest.CheckPortForward(t, func(ctx context.Context, args ...string) *exec.Cmd { return c.kubectlCmd(ctx, c.nodes[0], args...) },
 		(&net.Dialer{}).DialContext, pods)
+	clustertest.CheckPreviousLogs(t, kubectl, "w1")
 
 	// An image the mirror lacks: the pod waits on its pull, and says
 	// which image.

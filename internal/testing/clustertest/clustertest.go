@@ -154,3 +154,58 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 		})
 	}
 }
+
+// crashPod exits 1 after each run, counting its runs in an emptyDir that
+// outlives the container.
+const crashPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: crasher
+  namespace: default
+spec:
+  nodeName: %s
+  tolerations:
+  - {operator: Exists, effect: NoSchedule}
+  volumes:
+  - {name: runs, emptyDir: {}}
+  containers:
+  - name: crasher
+    image: ` + Busybox + `
+    volumeMounts:
+    - {name: runs, mountPath: /runs}
+    command: [sh, -c, 'n=$(($(cat /runs/n 2>/dev/null || echo 0) + 1)); echo $n > /runs/n; echo "crasher run $n"; exit 1']
+`
+
+// CheckPreviousLogs checks what an operator reads first when a container
+// restarts: kubectl logs --previous answers with the log of the run that
+// exited, on node.
+func CheckPreviousLogs(t *testing.T, kubectl Kubectl, node string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "crasher.yaml")
+	if err := os.WriteFile(f, []byte(fmt.Sprintf(crashPod, node)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl("apply", "-f", f); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	poll.Within(t, 3*time.Minute, time.Second, "the crasher restarted", func() error {
+		out, err := kubectl("get", "pod", "crasher", "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.exitCode}`)
+		if err != nil {
+			return err
+		}
+		if f := strings.Fields(out); len(f) != 2 || f[0] == "0" || f[1] != "1" {
+			return fmt.Errorf("restarts and last exit code: %q", out)
+		}
+		return nil
+	})
+	poll.Within(t, time.Minute, time.Second, "the log of its previous run", func() error {
+		out, err := kubectl("logs", "--previous", "crasher")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "crasher run ") {
+			return fmt.Errorf("logs --previous: %q", out)
+		}
+		return nil
+	})
+}
