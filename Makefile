@@ -96,9 +96,11 @@ lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netboo
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
 
 .PHONY: e2e
-e2e: build envtest node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)
+e2e: build envtest flux node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
+	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
+		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 90m -run 'TestLabPlatform$$' -v ./lab/
 	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
 
