@@ -77,40 +77,36 @@ func TestLab(t *testing.T) {
 	}
 	checkBootstrapped(t, &c, res)
 	checkNodes(t, labKubectl(ctx, &c, res.Kubeconfig), &c, false)
-	// The kernel argument kept every node to its API: no KubePrism, no
-	// kubelet.
-	for _, m := range c.Machines() {
-		serial, _ := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
-		if strings.Contains(string(serial), "KubePrism listening") {
-			t.Errorf("%s ran its node services with %s on its kernel command line", m.Name, nodeimage.APIOnlyArg)
-		}
-	}
-	checkKernelUnderTCG(t, &c)
-	platformAccepted(ctx, t, &c, res.Kubeconfig)
-	dayTwo(ctx, t, &c)
-}
-
-// checkKernelUnderTCG checks, in each VM's kernel log, what
-// nodeimage.TCGArgs are for: the kernel reads time from the TSC, and
-// Talos's pti=on, earlier on the command line, did not turn page-table
-// isolation on.
-func checkKernelUnderTCG(t *testing.T, c *lab.Config) {
-	t.Helper()
 	for _, m := range c.Machines() {
 		serial, err := os.ReadFile(filepath.Join(c.Dir, "vms", m.Name, "serial.log"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		log := string(serial)
-		if !strings.Contains(log, "pti=on") {
-			t.Errorf("%s: no pti=on on its kernel command line: Talos's arguments are not what nodeimage.TCGArgs expects", m.Name)
+		// The kernel argument kept every node to its API: no KubePrism,
+		// no kubelet.
+		if strings.Contains(string(serial), "KubePrism listening") {
+			t.Errorf("%s ran its node services with %s on its kernel command line", m.Name, nodeimage.APIOnlyArg)
 		}
-		if !strings.Contains(log, "clocksource: Switched to clocksource tsc") {
-			t.Errorf("%s: the kernel did not switch to the TSC under TCG", m.Name)
-		}
-		if strings.Contains(log, "page tables isolation: enabled") {
-			t.Errorf("%s: page-table isolation is on under TCG", m.Name)
-		}
+		checkKernelUnderTCG(t, m.Name, string(serial))
+	}
+	platformAccepted(ctx, t, &c, res.Kubeconfig)
+	dayTwo(ctx, t, &c)
+}
+
+// checkKernelUnderTCG checks, in a VM's kernel log, what
+// nodeimage.TCGArgs are for: the kernel reads time from the TSC, and
+// Talos's pti=on, earlier on the command line, did not turn page-table
+// isolation on.
+func checkKernelUnderTCG(t *testing.T, machine, log string) {
+	t.Helper()
+	if !strings.Contains(log, "pti=on") {
+		t.Errorf("%s: no pti=on on its kernel command line: Talos's arguments are not what nodeimage.TCGArgs expects", machine)
+	}
+	if !strings.Contains(log, "clocksource: Switched to clocksource tsc") {
+		t.Errorf("%s: the kernel did not switch to the TSC under TCG", machine)
+	}
+	if strings.Contains(log, "page tables isolation: enabled") {
+		t.Errorf("%s: page-table isolation is on under TCG", machine)
 	}
 }
 

@@ -16,13 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/siderolabs/talos/pkg/machinery/gendata"
-	"github.com/siderolabs/talos/pkg/machinery/imager/quirks"
-	"github.com/siderolabs/talos/pkg/machinery/kernel"
-
 	"cozy.dev/cozy/internal/testing/verdict"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/lab/nodeimage"
+	"cozy.dev/cozy/pxe"
+	"cozy.dev/cozy/pxe/dhcp"
 )
 
 // TestBenchLabKernelTCG boots the lab's kernel under TCG (2 vCPUs, as a
@@ -55,7 +53,7 @@ func TestBenchLabKernelTCG(t *testing.T) {
 	if err := os.WriteFile(initrd, img.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	talos := "talos.platform=metal " + strings.Join(kernel.DefaultArgs(quirks.New(strings.TrimSpace(gendata.VersionTag))), " ") + " " + nodeimage.Cmdline
+	talos := pxe.TalosCmdline(dhcp.AMD64, nodeimage.Cmdline)
 	if !strings.Contains(talos, "pti=on") {
 		t.Logf("Talos's default arguments no longer hold pti=on: %s", talos)
 	}

@@ -190,7 +190,7 @@ func (s *server) addBoot(cpu dhcp.CPU, img kernelimage.Image) error {
 		b.InitrdURLs = append(b.InitrdURLs, s.base+"/assets/"+name)
 	}
 	if s.cfg.Talos {
-		b.Cmdline = talosCmdline(cpu, img.Cmdline)
+		b.Cmdline = TalosCmdline(cpu, img.Cmdline)
 	}
 	if _, err := ipxe.Script(b); err != nil {
 		return err
@@ -503,11 +503,11 @@ func neighbourMAC(ip netip.Addr) string {
 	return ""
 }
 
-// talosCmdline is the command line of a Talos kernel: the platform, the
+// TalosCmdline is the command line of a Talos kernel: the platform, the
 // default arguments of the pinned Talos release, a console unless the
 // user chose one (the serial port's name differs per architecture, as in
 // Talos's own metal images), then the user's own arguments.
-func talosCmdline(cpu dhcp.CPU, user string) string {
+func TalosCmdline(cpu dhcp.CPU, user string) string {
 	args := []string{constants.KernelParamPlatform + "=metal"}
 	args = append(args, kernel.DefaultArgs(quirks.New(strings.TrimSpace(gendata.VersionTag)))...)
 	if !strings.Contains(user, "console=") {
