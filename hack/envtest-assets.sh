@@ -15,6 +15,10 @@
 # binary is built in a temporary directory and renamed into place, so an
 # interrupted build never leaves a half-written cache.
 #
+# COZY_K8S_EXTRA="kubeadm" also builds those commands of k8s.io/kubernetes
+# into the same directory, with the same wrapper module and Go build cache
+# (hack/worker-image.sh asks for kubeadm; the tests do not need it).
+#
 # Only the directory goes to stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -34,11 +38,17 @@ out="$cache_root/envtest/k8s-${k8s_version}_etcd-${etcd_version}"
 # The binaries of k8s.io/kubernetes, built together: one wrapper module,
 # one build cache.
 k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+read -ra extra_binaries <<<"${COZY_K8S_EXTRA:-}"
+for b in "${extra_binaries[@]}"; do
+	[[ $b =~ ^kube[a-z-]*$ ]] || { echo "envtest-assets: COZY_K8S_EXTRA: '$b' is not a Kubernetes command" >&2; exit 2; }
+done
+k8s_binaries+=("${extra_binaries[@]}")
 
 # runs BIN: it is in the cache and runs in place (`--version` proves it is whole).
 runs() {
 	local v=--version
 	[[ $1 == kubectl ]] && v="version --client"
+	[[ $1 == kubeadm ]] && v="version -o short"
 	[[ -x "$out/$1" ]] && "$out/$1" $v >/dev/null 2>&1
 }
 have() {
