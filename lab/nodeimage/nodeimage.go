@@ -17,7 +17,6 @@ package nodeimage
 import (
 	"context"
 	"crypto/sha256"
-	"debug/elf"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -204,12 +203,12 @@ func (o Options) inputs() ([]file, error) {
 		files = append(files, file{src: filepath.Join(o.RuntimeDir, "cni", "bin", p), dst: "opt/cni/bin/" + p, mode: 0o755, static: true})
 	}
 	files = append(files, file{src: o.Runc, dst: "bin/runc", mode: 0o755})
-	libs, err := sharedLibraries(o.Runc)
+	libs, err := initramfs.SharedLibraries(o.Runc)
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range libs {
-		files = append(files, file{src: l.src, dst: l.dst, mode: 0o755})
+		files = append(files, file{src: l.Src, dst: l.Dst, mode: 0o755})
 	}
 	modules := strings.Fields(string(order))
 	for _, m := range requiredModules {
@@ -252,7 +251,7 @@ func Build(ctx context.Context, o Options) (*Image, error) {
 	}
 	for _, f := range files {
 		if f.static {
-			if err := checkStatic(f.src); err != nil {
+			if err := initramfs.CheckStatic(f.src); err != nil {
 				return nil, fmt.Errorf("node image: %w", err)
 			}
 		}
@@ -363,26 +362,6 @@ func (c ctxWriter) Write(p []byte) (int, error) {
 	return c.w.Write(p)
 }
 
-// checkStatic refuses a binary that needs a dynamic loader (PT_INTERP):
-// the initramfs has no libc, and the kernel's "not found" for a missing
-// loader would say nothing useful.
-func checkStatic(path string) error {
-	f, err := elf.Open(path)
-	if err != nil {
-		return fmt.Errorf("%s: %w (want a statically linked x86-64 Linux binary)", path, err)
-	}
-	defer f.Close()
-	if f.Machine != elf.EM_X86_64 {
-		return fmt.Errorf("%s is for %s, not x86-64", path, f.Machine)
-	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked; the node image has no libc (Go: build with CGO_ENABLED=0)", path)
-		}
-	}
-	return nil
-}
-
 // build writes the image into a temporary directory beside dir and
 // renames it into place, so a crash or a concurrent Build never leaves a
 // half-written image under dir's name.
@@ -491,68 +470,4 @@ func imageDirs(files []file) []string {
 		return strings.Compare(a, b)
 	})
 	return dirs
-}
-
-// libDirs are where the dynamic loader of a Debian amd64 system finds
-// libraries.
-var libDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/lib", "/usr/lib"}
-
-// sharedLibraries lists what a dynamically linked binary needs to run in
-// the initramfs: its loader and every library it links, recursively, each
-// at the path the loader looks for it (symlinks resolved to their
-// content). A static binary needs none.
-func sharedLibraries(bin string) ([]file, error) {
-	var out []file
-	seen := map[string]bool{}
-	var visit func(path string, root bool) error
-	visit = func(path string, root bool) error {
-		f, err := elf.Open(path)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		defer f.Close()
-		if root {
-			for _, p := range f.Progs {
-				if p.Type != elf.PT_INTERP {
-					continue
-				}
-				data, err := io.ReadAll(p.Open())
-				if err != nil {
-					return fmt.Errorf("%s: interpreter: %w", path, err)
-				}
-				interp := strings.TrimRight(string(data), "\x00")
-				seen[interp] = true
-				out = append(out, file{src: interp, dst: strings.TrimPrefix(interp, "/")})
-			}
-		}
-		needed, err := f.ImportedLibraries()
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		for _, lib := range needed {
-			found := ""
-			for _, d := range libDirs {
-				if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
-					found = filepath.Join(d, lib)
-					break
-				}
-			}
-			if found == "" {
-				return fmt.Errorf("%s needs %s, which is in none of %v", path, lib, libDirs)
-			}
-			if seen[found] {
-				continue
-			}
-			seen[found] = true
-			out = append(out, file{src: found, dst: strings.TrimPrefix(found, "/")})
-			if err := visit(found, false); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := visit(bin, true); err != nil {
-		return nil, err
-	}
-	return out, nil
 }

@@ -351,22 +351,22 @@ func TestSharedLibraries(t *testing.T) {
 	if err != nil {
 		prereq.Missing(t, "no ls")
 	}
-	libs, err := sharedLibraries(bin)
+	libs, err := initramfs.SharedLibraries(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var names []string
 	for _, l := range libs {
-		names = append(names, l.dst)
-		if _, err := os.Stat(l.src); err != nil {
-			t.Errorf("%s: %v", l.src, err)
+		names = append(names, l.Dst)
+		if _, err := os.Stat(l.Src); err != nil {
+			t.Errorf("%s: %v", l.Src, err)
 		}
 	}
 	joined := strings.Join(names, " ")
 	if !strings.Contains(joined, "ld-linux-x86-64.so.2") || !strings.Contains(joined, "libc.so.6") {
 		t.Errorf("libraries of %s: %v, want the loader and libc", bin, names)
 	}
-	if libs, err := sharedLibraries(filepath.Join(fakeInputs(t).KubernetesDir, "kubelet")); err != nil || len(libs) != 0 {
+	if libs, err := initramfs.SharedLibraries(filepath.Join(fakeInputs(t).KubernetesDir, "kubelet")); err != nil || len(libs) != 0 {
 		t.Errorf("a static binary needs %v (%v), want nothing", libs, err)
 	}
 }
