@@ -26,6 +26,8 @@ GO_ENV := CGO_ENABLED=0 GOFLAGS='-trimpath $(GOFLAGS)'
 # The Kubernetes version `make e2e` upgrades from (a second build of
 # hack/envtest-assets.sh): one minor below the default build.
 K8S_PREVIOUS ?= v1.35.4
+# The Kubernetes version `make worker-image` builds the tenant worker image for.
+K8S_VERSION ?= v1.36.3
 
 .PHONY: help
 help: ## List the targets
@@ -94,6 +96,10 @@ lab: deps build ## Run the lab: 3 QEMU VMs netbooted and bootstrapped into a Kub
 lab-test: build envtest node ## The lab end to end: 3 VMs (BIOS and UEFI) netbooted and bootstrapped under TCG, node services off, checked phase by phase (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 35m -run 'TestLab$$' -v ./lab/
+
+.PHONY: worker-image
+worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for Kubernetes $(K8S_VERSION) and print its OCI layout (hack/worker-image.sh)
+	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
 e2e: build envtest flux node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)

@@ -4,6 +4,7 @@
 # with dpkg -x, never installed. Prints a directory holding:
 #
 #   vmlinuz            the kernel
+#   config             the kernel's configuration (its /boot/config-*)
 #   modules/*.ko       the virtio NIC and disk drivers and ext4 (modules
 #                      in Debian's kernel), in load order (modules.order)
 #
@@ -115,7 +116,7 @@ if ! kernel_package; then
 	kernel_package || { log "apt has no linux-image-amd64"; exit 1; }
 fi
 # Bump layout when what this script extracts changes.
-layout=5
+layout=6
 out="$cache_root/boot/${pkg}_${version}_v${layout}"
 if [[ -s "$out/vmlinuz" && -s "$out/modules.order" ]]; then
 	echo "$out"
@@ -160,7 +161,8 @@ k8s_modules=(overlay bridge br_netfilter veth vxlan nf_tables nft_ct nft_nat nft
 	nft_compat nft_numgen nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_reject_inet nft_reject_ipv4
 	nft_reject_ipv6 nft_redir nft_limit nft_objref nf_conntrack_netlink
 	xt_conntrack xt_comment xt_mark xt_MASQUERADE xt_addrtype xt_multiport xt_statistic xt_nat xt_tcpudp
-	xt_physdev ipt_REJECT ip6t_REJECT)
+	xt_physdev ipt_REJECT ip6t_REJECT
+	isofs) # the NoCloud seed KubeVirt gives a tenant worker (tenant/workerimage)
 # add_module NAME: NAME's dependencies, then NAME, once each.
 declare -A added=()
 add_module() {
@@ -183,6 +185,9 @@ add_module() {
 for m in "${k8s_modules[@]}"; do
 	add_module "$m"
 done
+# The kernel's configuration, as /boot/config-<release> holds it: kubeadm's
+# preflight checks (SystemVerification) read it on a tenant worker.
+cp "$work/x/boot/config-"* "$work/out/config"
 rm -rf "$out"
 mv "$work/out" "$out"
 log "kernel $(basename "$moddir") in $out"

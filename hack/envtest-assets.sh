@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries Cozy runs (kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet, kubectl) and etcd from
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl,
+# kubeadm) and etcd from
 # the Go module proxy (no release downloads are reachable here), and prints
 # their directory: KUBEBUILDER_ASSETS for envtest, and what the emulated
 # Talos node runs.
@@ -14,10 +15,6 @@
 # COZY_CACHE_DIR=$HOME/.cache/cozy); a cached build returns at once. Each
 # binary is built in a temporary directory and renamed into place, so an
 # interrupted build never leaves a half-written cache.
-#
-# COZY_K8S_EXTRA="kubeadm" also builds those commands of k8s.io/kubernetes
-# into the same directory, with the same wrapper module and Go build cache
-# (hack/worker-image.sh asks for kubeadm; the tests do not need it).
 #
 # Only the directory goes to stdout; progress goes to stderr.
 set -euo pipefail
@@ -37,12 +34,8 @@ out="$cache_root/envtest/k8s-${k8s_version}_etcd-${etcd_version}"
 
 # The binaries of k8s.io/kubernetes, built together: one wrapper module,
 # one build cache.
-k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-read -ra extra_binaries <<<"${COZY_K8S_EXTRA:-}"
-for b in "${extra_binaries[@]}"; do
-	[[ $b =~ ^kube[a-z-]*$ ]] || { echo "envtest-assets: COZY_K8S_EXTRA: '$b' is not a Kubernetes command" >&2; exit 2; }
-done
-k8s_binaries+=("${extra_binaries[@]}")
+# kubeadm goes into Cozy's tenant worker image (hack/worker-image.sh).
+k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
 
 # runs BIN: it is in the cache and runs in place (`--version` proves it is whole).
 runs() {

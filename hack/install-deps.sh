@@ -32,6 +32,7 @@ packages=(
 	ipmitool        # Cozy's IPMI client (ipmi:// BMCs)
 	openipmi        # ipmi_sim: an IPMI BMC that is not Cozy's, to test that client against
 	python3-sushy   # OpenStack Ironic's Redfish client, to test the lab's BMC against
+	xorriso         # the bootable ISO inside Cozy's tenant worker disk (hack/worker-image.sh)
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.

@@ -20,9 +20,9 @@ import (
 func newTenantCommand(g *Globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tenant",
-		Short: "List tenant clusters and fetch their kubeconfigs",
+		Short: "List tenant clusters, fetch their kubeconfigs, build their worker images",
 	}
-	cmd.AddCommand(newTenantListCommand(g), newTenantKubeconfigCommand(g))
+	cmd.AddCommand(newTenantListCommand(g), newTenantKubeconfigCommand(g), newTenantImageCommand(g))
 	return cmd
 }
 

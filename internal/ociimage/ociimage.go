@@ -55,6 +55,9 @@ type Image struct {
 	Created time.Time
 	// Layers are applied bottom first; each must hold at least one file.
 	Layers []Layer
+	// DataOnly marks an image that no runtime starts, only reads (a
+	// KubeVirt containerDisk): it needs no entrypoint.
+	DataOnly bool
 	// Config is how a runtime starts the container: Entrypoint and Cmd,
 	// Env, WorkingDir, Labels, ExposedPorts. User is empty (root) or a
 	// numeric UID:GID, so it needs no /etc/passwd.
@@ -379,7 +382,7 @@ func (im Image) check(inLayout bool) error {
 			errs = append(errs, fmt.Errorf("user %q: want numeric UID:GID such as 65532:65532, or none for root", c.User))
 		}
 	}
-	if len(im.Config.Entrypoint) == 0 && len(im.Config.Cmd) == 0 {
+	if len(im.Config.Entrypoint) == 0 && len(im.Config.Cmd) == 0 && !im.DataOnly {
 		errs = append(errs, errors.New("no entrypoint and no cmd: nothing to run"))
 	}
 	if wd := im.Config.WorkingDir; wd != "" && !path.IsAbs(wd) {

@@ -78,8 +78,11 @@ const format = "3"
 var (
 	//go:embed init.sh
 	initScript string
+	// DHCPHook is udhcpc's hook script (udhcpc -s): it puts the lease's
+	// address, default route and resolvers on the NIC and writes
+	// /run/udhcpc.env (ip= mask=). Cozy's worker image uses it too.
 	//go:embed udhcpc.sh
-	udhcpcScript string
+	DHCPHook string
 )
 
 // Options are the inputs of an image. Only Busybox and CacheDir have
@@ -229,7 +232,7 @@ func (o Options) inputs() ([]file, error) {
 func generated(modulesOrder string) map[string]string {
 	return map[string]string{
 		"init":              strings.ReplaceAll(initScript, "@REBOOT_EXIT_CODE@", strconv.Itoa(talosnode.RebootExitCode)),
-		"etc/udhcpc.script": udhcpcScript,
+		"etc/udhcpc.script": DHCPHook,
 		"etc/hosts":         "127.0.0.1 localhost\n::1 localhost\n",
 		// The users and groups of a Talos root file system: kubelet and
 		// runc look names up.

@@ -168,7 +168,7 @@ func TestImageContents(t *testing.T) {
 		"lib/modules/virtio_blk.ko": {file | 0o644, "module virtio_blk.ko"},
 		"lib/modules/modules.order": {file | 0o644, "virtio_ring.ko\nvirtio_net.ko\nvirtio_blk.ko\njbd2.ko\next4.ko\nnft_reject_ipv4.ko\nnft_reject_ipv6.ko\n"},
 		"etc/hosts":                 {file | 0o644, "127.0.0.1 localhost\n::1 localhost\n"},
-		"etc/udhcpc.script":         {file | 0o755, udhcpcScript},
+		"etc/udhcpc.script":         {file | 0o755, DHCPHook},
 		"mnt/disk":                  {dir | 0o755, ""},
 		"dev":                       {dir | 0o755, ""},
 	}
@@ -389,7 +389,7 @@ func TestScriptsParse(t *testing.T) {
 	if err != nil {
 		prereq.Missing(t, "no sh")
 	}
-	for name, script := range map[string]string{"init.sh": initScript, "udhcpc.sh": udhcpcScript} {
+	for name, script := range map[string]string{"init.sh": initScript, "udhcpc.sh": DHCPHook} {
 		cmd := exec.Command(sh, "-n")
 		cmd.Stdin = strings.NewReader(script)
 		if out, err := cmd.CombinedOutput(); err != nil {

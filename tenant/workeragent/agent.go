@@ -116,11 +116,15 @@ const (
 // KubeletArgs are the kubelet's arguments as kubeadm's drop-in gives
 // them: the kubeconfigs, the config file, KUBELET_KUBEADM_ARGS from
 // kubeadm-flags.env and KUBELET_EXTRA_ARGS from /etc/default/kubelet.
+// Before those comes --cgroup-driver=cgroupfs: the image has no systemd,
+// whose cgroup driver kubeadm's KubeletConfiguration defaults to, and
+// containerd's runc uses cgroupfs; the user's flags can still override it.
 func KubeletArgs(root string) ([]string, error) {
 	args := []string{
 		"--bootstrap-kubeconfig=" + BootstrapKubeconf,
 		"--kubeconfig=" + KubeletKubeconfig,
 		"--config=" + KubeletConfig,
+		"--cgroup-driver=cgroupfs",
 	}
 	for _, f := range []struct{ path, name string }{{KubeadmFlagsEnv, "KUBELET_KUBEADM_ARGS"}, {KubeletDefaults, "KUBELET_EXTRA_ARGS"}} {
 		data, err := os.ReadFile(filepath.Join(root, f.path))

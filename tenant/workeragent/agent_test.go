@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
 func seed(t *testing.T, userData string) string {
@@ -104,7 +106,7 @@ func TestKubeletArgs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			base := []string{"--bootstrap-kubeconfig=" + BootstrapKubeconf, "--kubeconfig=" + KubeletKubeconfig, "--config=" + KubeletConfig}
+			base := []string{"--bootstrap-kubeconfig=" + BootstrapKubeconf, "--kubeconfig=" + KubeletKubeconfig, "--config=" + KubeletConfig, "--cgroup-driver=cgroupfs"}
 			if want := append(base, tc.want...); !slices.Equal(got, want) {
 				t.Errorf("args %q, want %q", got, want)
 			}
@@ -119,7 +121,7 @@ func TestRunKubeletWaitsForConfig(t *testing.T) {
 	out := filepath.Join(root, "args")
 	kubelet := filepath.Join(root, "kubelet")
 	os.WriteFile(kubelet, []byte("#!/bin/sh\necho \"$@\" > "+out+"\nexec sleep 60\n"), 0o755)
-	var log syncBuffer
+	var log syncbuf.Buffer
 	a := &Agent{Root: root, Shell: "/bin/sh", Log: &log}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -1,0 +1,323 @@
+//go:build integration
+
+package workerimage_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/syncbuf"
+	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/tenant/workerimage"
+)
+
+const (
+	version = "v1.36.3"
+	// QEMU's user network puts its gateway, which forwards to the host's
+	// loopback (here: the test's namespace's), at 10.0.2.2.
+	apiAddr = "10.0.2.2"
+	token   = "abcdef.0123456789abcdef"
+	node    = "acme-md-0-x7k2p"
+)
+
+// TestWorkerJoinsWithKubeadm builds Cozy's worker image twice (the same
+// digest both times), then boots it under TCG with a NoCloud seed made
+// from what the Cluster API kubeadm bootstrap provider v1.14.2 renders
+// for a worker (tenant/cloudinit's testdata), against a control plane of
+// real processes set up by kubeadm's own phases, as Kamaji does for a
+// tenant: PKI, the kubeadm and kubelet ConfigMaps, the bootstrap token
+// and cluster-info. The VM's `kubeadm join` must pass its preflight
+// checks, its kubelet must TLS-bootstrap, and the Node must register with
+// the version of the image. Everything runs in a network namespace of its
+// own; the VM reaches the API server through QEMU's user network.
+func TestWorkerJoinsWithKubeadm(t *testing.T) {
+	for _, tool := range []string{"qemu-system-x86_64", "xorriso", "qemu-img"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			prereq.Missing(t, "%s is not installed (hack/install-deps.sh)", tool)
+		}
+	}
+	assets := testenv.AssetsDir(t)
+	for _, b := range []string{"kubeadm", "kube-controller-manager"} {
+		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
+			prereq.Missing(t, "KUBEBUILDER_ASSETS=%s has no %s: rebuild with hack/envtest-assets.sh", assets, b)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+
+	// Two builds, one digest.
+	var layouts []string
+	for i := range 2 {
+		out := filepath.Join(t.TempDir(), "image")
+		cmd := exec.CommandContext(ctx, "../../hack/worker-image.sh", version, out)
+		cmd.Stderr = testWriter{t}
+		if b, err := cmd.Output(); err != nil || strings.TrimSpace(string(b)) != out {
+			t.Fatalf("build %d: %v (%q)", i, err, b)
+		}
+		layouts = append(layouts, out)
+	}
+	idx0, _ := os.ReadFile(filepath.Join(layouts[0], "index.json"))
+	idx1, _ := os.ReadFile(filepath.Join(layouts[1], "index.json"))
+	if len(idx0) == 0 || string(idx0) != string(idx1) {
+		t.Fatalf("two builds differ:\n%s\n%s", idx0, idx1)
+	}
+	t.Logf("two builds, one index: %s", idx0)
+	disk := filepath.Join(layouts[0], "disk", workerimage.DiskName(version))
+
+	ns := netnstest.New(t, "worker")
+	ns.IP(t, "addr", "add", apiAddr+"/32", "dev", "lo")
+	dir := t.TempDir()
+	superAdmin := controlPlane(ctx, t, ns, assets, dir)
+
+	seed := nocloudSeed(t, dir, caHash(t, filepath.Join(dir, "pki", "ca.crt")))
+	serial := filepath.Join(dir, "serial.log")
+	var qemuOut syncbuf.Buffer
+	qemu := ns.Command(ctx, "qemu-system-x86_64", "-accel", "tcg", "-machine", "pc", "-cpu", "max",
+		"-m", "2048", "-smp", "2", "-display", "none", "-no-user-config", "-nodefaults",
+		"-serial", "file:"+serial,
+		"-drive", "file="+disk+",if=virtio,format=qcow2,readonly=on",
+		"-drive", "file="+seed+",if=virtio,format=raw,readonly=on",
+		"-netdev", "user,id=n0,net=10.0.2.0/24", "-device", "virtio-net-pci,netdev=n0",
+		"-uuid", "1f0e2d3c-4b5a-4697-8877-665544332211")
+	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- qemu.Wait() }()
+	t.Cleanup(func() {
+		qemu.Process.Kill()
+		<-exited
+		if t.Failed() {
+			log, _ := os.ReadFile(serial)
+			t.Logf("VM serial log:\n%s\nQEMU: %s", log, qemuOut.String())
+		}
+	})
+
+	// The test's own process is outside the namespace: kubectl inside it
+	// reads the Node.
+	kubectl := func(args ...string) (string, error) {
+		out, err := ns.Command(ctx, filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", superAdmin}, args...)...).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	start := time.Now()
+	var info string
+	poll.Until(t, ctx, 2*time.Second, "the worker's Node "+node, func() error {
+		select {
+		case err := <-exited:
+			t.Fatalf("the VM exited: %v", err)
+		default:
+		}
+		out, err := kubectl("get", "node", node, "-o", `jsonpath={.status.nodeInfo.kubeletVersion} {.metadata.labels.cozy\.dev/tenant} {.status.nodeInfo.containerRuntimeVersion} {.status.nodeInfo.kernelVersion}`)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		info = out
+		return nil
+	})
+	t.Logf("Node %s registered %v after the VM started: kubelet, tenant label, runtime, kernel: %s", node, time.Since(start).Round(time.Second), info)
+	if f := strings.Fields(info); len(f) < 2 || f[0] != version || f[1] != "acme" {
+		t.Errorf("Node %s: %q, want kubelet %s and the join configuration's label cozy.dev/tenant=acme", node, info, version)
+	}
+	// kubeadm join ends with its success line, then the sentinel command
+	// and the post-kubeadm command run.
+	poll.Until(t, ctx, 2*time.Second, "kubeadm join's success in the serial log", func() error {
+		log, _ := os.ReadFile(serial)
+		for _, want := range []string{"This node has joined the cluster", "cozy-worker: runcmd 2: echo post", "cozy-worker: seed applied"} {
+			if !strings.Contains(string(log), want) {
+				return fmt.Errorf("no %q yet", want)
+			}
+		}
+		return nil
+	})
+	log, _ := os.ReadFile(serial)
+	for _, bad := range []string{"runcmd 1 failed", "FATAL"} {
+		if strings.Contains(string(log), bad) {
+			t.Errorf("serial log has %q", bad)
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// controlPlane starts etcd, kube-apiserver and kube-controller-manager in
+// ns with the PKI and kubeconfigs kubeadm makes, runs the upload-config
+// and bootstrap-token phases of `kubeadm init` against them, and returns
+// the super-admin kubeconfig.
+func controlPlane(ctx context.Context, t *testing.T, ns *netnstest.NS, assets, dir string) string {
+	t.Helper()
+	pki := filepath.Join(dir, "pki")
+	config := filepath.Join(dir, "kubeadm.yaml")
+	// Two copies of one configuration: the PKI is made under the test's
+	// directory, while the ClusterConfiguration uploaded for joining nodes
+	// names /etc/kubernetes/pki, where kubeadm join puts the CA and the
+	// kubelet's configuration expects it.
+	kubeadmConfig := func(certs string) string {
+		return `apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+localAPIEndpoint: {advertiseAddress: ` + apiAddr + `, bindPort: 6443}
+nodeRegistration: {name: cp}
+bootstrapTokens: [{token: ` + token + `, ttl: 1h}]
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: ` + version + `
+certificatesDir: ` + certs + `
+controlPlaneEndpoint: ` + apiAddr + `:6443
+networking: {serviceSubnet: 10.96.0.0/12, dnsDomain: cluster.local}
+`
+	}
+	uploaded := filepath.Join(dir, "cluster.yaml")
+	if err := os.WriteFile(config, []byte(kubeadmConfig(pki)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(uploaded, []byte(kubeadmConfig("/etc/kubernetes/pki")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeadm := func(args ...string) {
+		t.Helper()
+		cmd := ns.Command(ctx, filepath.Join(assets, "kubeadm"), args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("kubeadm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	kubeadm("init", "phase", "certs", "all", "--config", config)
+	kubeadm("init", "phase", "kubeconfig", "super-admin", "--config", config, "--kubeconfig-dir", dir)
+	kubeadm("init", "phase", "kubeconfig", "controller-manager", "--config", config, "--kubeconfig-dir", dir)
+
+	start := func(name string, args ...string) {
+		t.Helper()
+		var out syncbuf.Buffer
+		cmd := ns.Command(ctx, filepath.Join(assets, name), args...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			if t.Failed() {
+				t.Logf("%s:\n%s", name, tail(out.String(), 60))
+			}
+		})
+	}
+	start("etcd", "--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", "http://127.0.0.1:2379",
+		"--advertise-client-urls", "http://127.0.0.1:2379", "--listen-peer-urls", "http://127.0.0.1:2380", "--unsafe-no-fsync")
+	p := func(f string) string { return filepath.Join(pki, f) }
+	start("kube-apiserver", "--advertise-address="+apiAddr, "--bind-address=0.0.0.0", "--secure-port=6443",
+		"--etcd-servers=http://127.0.0.1:2379", "--allow-privileged=true", "--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction", "--enable-bootstrap-token-auth=true",
+		"--client-ca-file="+p("ca.crt"), "--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
+		"--kubelet-client-certificate="+p("apiserver-kubelet-client.crt"), "--kubelet-client-key="+p("apiserver-kubelet-client.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local", "--service-account-key-file="+p("sa.pub"),
+		"--service-account-signing-key-file="+p("sa.key"), "--service-cluster-ip-range=10.96.0.0/12",
+		"--requestheader-client-ca-file="+p("front-proxy-ca.crt"), "--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file="+p("front-proxy-client.crt"), "--proxy-client-key-file="+p("front-proxy-client.key"))
+	superAdmin := filepath.Join(dir, "super-admin.conf")
+	poll.Until(t, ctx, time.Second, "the API server", func() error {
+		return ns.Command(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", superAdmin, "get", "--raw", "/readyz").Run()
+	})
+	// The controller-manager gives up on an API server that does not
+	// answer within seconds: it starts once that one is ready.
+	cmConf := filepath.Join(dir, "controller-manager.conf")
+	start("kube-controller-manager", "--kubeconfig="+cmConf, "--authentication-kubeconfig="+cmConf,
+		"--authorization-kubeconfig="+cmConf, "--bind-address=127.0.0.1", "--leader-elect=false",
+		"--controllers=*,bootstrapsigner,tokencleaner", "--client-ca-file="+p("ca.crt"), "--root-ca-file="+p("ca.crt"),
+		"--cluster-signing-cert-file="+p("ca.crt"), "--cluster-signing-key-file="+p("ca.key"),
+		"--service-account-private-key-file="+p("sa.key"), "--use-service-account-credentials=true")
+
+	kubeadm("init", "phase", "upload-config", "kubeadm", "--config", uploaded, "--kubeconfig", superAdmin)
+	kubeadm("init", "phase", "upload-config", "kubelet", "--config", uploaded, "--kubeconfig", superAdmin)
+	kubeadm("init", "phase", "bootstrap-token", "--config", config, "--kubeconfig", superAdmin)
+	// The controller-manager's bootstrap signer signs cluster-info with
+	// the token, which kubeadm join checks before trusting the API server.
+	poll.Until(t, ctx, time.Second, "cluster-info signed for the token", func() error {
+		out, err := ns.Command(ctx, filepath.Join(assets, "kubectl"), "--kubeconfig", superAdmin,
+			"-n", "kube-public", "get", "configmap", "cluster-info", "-o", "jsonpath={.data}").Output()
+		if err != nil {
+			return err
+		}
+		if id, _, _ := strings.Cut(token, "."); !strings.Contains(string(out), "jws-kubeconfig-"+id) {
+			return fmt.Errorf("no signature yet: %s", out)
+		}
+		return nil
+	})
+	return superAdmin
+}
+
+// caHash is kubeadm's --discovery-token-ca-cert-hash of the CA.
+func caHash(t *testing.T, caFile string) string {
+	t.Helper()
+	data, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		t.Fatalf("%s: no PEM", caFile)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// nocloudSeed makes the seed KubeVirt would attach: an ISO 9660 volume
+// labelled cidata with meta-data and, as user-data, the Cluster API
+// kubeadm bootstrap provider's rendering with this control plane's
+// endpoint, token and CA hash.
+func nocloudSeed(t *testing.T, dir, hash string) string {
+	t.Helper()
+	ud, err := os.ReadFile("../cloudinit/testdata/capi-v1.14.2-node.user-data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	userData := strings.NewReplacer(
+		"10.0.0.1:6443", apiAddr+":6443",
+		"sha256:0000000000000000000000000000000000000000000000000000000000000000", hash,
+	).Replace(string(ud))
+	if !strings.Contains(userData, hash) || !strings.Contains(userData, token) {
+		t.Fatal("the user-data fixture changed: no CA hash or token to replace")
+	}
+	src := filepath.Join(dir, "seed")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(src, "user-data"), []byte(userData), 0o600)
+	os.WriteFile(filepath.Join(src, "meta-data"), []byte("instance-id: "+node+".tenant-acme\nlocal-hostname: "+node+"\n"), 0o600)
+	iso := filepath.Join(dir, "seed.iso")
+	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-o", iso, "-V", "cidata", "-J", "-r", src).CombinedOutput(); err != nil {
+		t.Fatalf("xorriso: %v\n%s", err, out)
+	}
+	return iso
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,341 @@
+// Package workerimage builds Cozy's tenant worker image: a KubeVirt
+// containerDisk (an OCI image holding /disk/<name>.qcow2) that boots a
+// node for one Kubernetes version and joins it to a tenant's control
+// plane through the Cluster API kubeadm bootstrap provider's NoCloud seed.
+//
+// The disk is a hybrid ISO (ISOLINUX, BIOS boot from a CD or a disk)
+// holding Debian's kernel and one initramfs with everything the node
+// runs: busybox, containerd and its runc shim, Debian's runc, the CNI
+// plugins, kubelet and kubeadm of that version, and cozy-worker
+// (tenant/workeragent). Nothing is downloaded: the caller gives the
+// binaries (hack/worker-image.sh builds them from the Go module proxy and
+// Debian). The same inputs give the same bytes, hence the same digest.
+package workerimage
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"cozy.dev/cozy/internal/ociimage"
+	"cozy.dev/cozy/lab/initramfs"
+	"cozy.dev/cozy/lab/nodeimage"
+)
+
+//go:embed init.sh
+var initScript string
+
+// Options are the inputs of an image.
+type Options struct {
+	// Version is the Kubernetes version (v1.36.3); kubelet and kubeadm
+	// must report it.
+	Version string
+	// KernelDir is what hack/boot-assets.sh prints: vmlinuz, config,
+	// modules/*.ko and modules.order (isofs among them, for the seed).
+	KernelDir string
+	// KubernetesDir holds kubelet and kubeadm, statically linked.
+	KubernetesDir string
+	// RuntimeDir holds bin/containerd, bin/containerd-shim-runc-v2 and
+	// cni/bin (hack/node-assets.sh).
+	RuntimeDir string
+	// Agent is a statically linked cozy-worker (make build).
+	Agent string
+	// Busybox (static) and Runc (its libraries ride along); defaults
+	// /bin/busybox and /usr/sbin/runc.
+	Busybox, Runc string
+	// Syslinux holds isolinux.bin, ldlinux.c32 and isohdpfx.bin
+	// (Debian's isolinux and syslinux-common, extracted).
+	Syslinux string
+	// Ref names the image; default DefaultRepository:<Version>.
+	Ref string
+}
+
+// DefaultRepository is where the image is named by default; `cozyctl
+// images mirror` pushes it under the same path into a rack's registry.
+const DefaultRepository = "cozy.dev/tenant-worker"
+
+// Image is a built containerDisk.
+type Image struct {
+	// Layout is the OCI image layout directory holding it.
+	Layout string
+	// Ref is its name in the layout.
+	Ref string
+	// Disk is the qcow2 inside it, also left beside the layout
+	// (DIR/disk/NAME.qcow2) for booting it without KubeVirt.
+	Disk string
+}
+
+// CNIPlugins are the plugins the image carries in /opt/cni/bin: what a
+// tenant's CNI delegates to (flannel's, and the bridge/host-local/
+// loopback/portmap set most others chain).
+var CNIPlugins = []string{"bridge", "flannel", "host-local", "loopback", "portmap"}
+
+// Cmdline is the kernel command line ISOLINUX boots with: KubeVirt's
+// serial console is ttyS0; a panic reboots.
+const Cmdline = "console=tty0 console=ttyS0,115200 panic=10 tsc=reliable"
+
+var versionRE = regexp.MustCompile(`^v1\.[0-9]+\.[0-9]+$`)
+
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	if !versionRE.MatchString(o.Version) {
+		errs = append(errs, fmt.Errorf("version %q is not a Kubernetes version such as v1.36.3", o.Version))
+	}
+	for _, f := range []struct{ v, what string }{
+		{o.KernelDir, "no kernel: give the directory hack/boot-assets.sh prints"},
+		{o.KubernetesDir, "no kubelet and kubeadm: give their directory (hack/worker-image.sh builds them)"},
+		{o.RuntimeDir, "no containerd and CNI plugins: give the directory hack/node-assets.sh prints"},
+		{o.Agent, "no cozy-worker binary: make build writes bin/cozy-worker"},
+		{o.Syslinux, "no ISOLINUX: give a directory with isolinux.bin, ldlinux.c32 and isohdpfx.bin"},
+	} {
+		if f.v == "" {
+			errs = append(errs, errors.New(f.what))
+		}
+	}
+	if o.Busybox == "" {
+		o.Busybox = "/bin/busybox"
+	}
+	if o.Runc == "" {
+		o.Runc = "/usr/sbin/runc"
+	}
+	if o.Ref == "" {
+		o.Ref = DefaultRepository + ":" + o.Version
+	}
+	return o, errors.Join(errs...)
+}
+
+// DiskName is the qcow2's name in /disk.
+func DiskName(version string) string { return "cozy-worker-" + version + ".qcow2" }
+
+// Build writes the image into out (which must not exist) as an OCI
+// layout, with the disk also at out/disk/<DiskName>.
+func Build(ctx context.Context, o Options, out string) (*Image, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		return nil, fmt.Errorf("worker image: %s exists: the image goes into a new directory", out)
+	}
+	for _, tool := range []string{"xorriso", "qemu-img"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("worker image: %s is not installed (hack/install-deps.sh)", tool)
+		}
+	}
+	for _, b := range []string{"kubelet", "kubeadm"} {
+		if err := checkVersion(ctx, filepath.Join(o.KubernetesDir, b), o.Version); err != nil {
+			return nil, fmt.Errorf("worker image: %w", err)
+		}
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(out)), ".worker-image-")
+	if err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	tree := filepath.Join(tmp, "iso")
+	if err := o.isoTree(tree); err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	iso := filepath.Join(tmp, "worker.iso")
+	if err := run(ctx, []string{"SOURCE_DATE_EPOCH=0"}, "xorriso", "-as", "mkisofs", "-quiet",
+		"-o", iso, "-isohybrid-mbr", filepath.Join(o.Syslinux, "isohdpfx.bin"),
+		"-c", "isolinux/boot.cat", "-b", "isolinux/isolinux.bin",
+		"-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
+		"-V", "COZY_WORKER", "-r", tree); err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	disk := filepath.Join(tmp, "layout-src", DiskName(o.Version))
+	if err := os.MkdirAll(filepath.Dir(disk), 0o755); err != nil {
+		return nil, err
+	}
+	if err := run(ctx, nil, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", iso, disk); err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	// KubeVirt's containerDisk: the disk in /disk, readable by its qemu
+	// user (107); the image never runs as a container.
+	im := ociimage.Image{
+		Ref: o.Ref, Arch: "amd64", Created: time.Unix(0, 0), DataOnly: true,
+		Layers: []ociimage.Layer{{CreatedBy: "cozy tenant image build " + o.Version, Files: []ociimage.File{
+			{Path: "/disk/" + DiskName(o.Version), Mode: 0o444, Source: disk},
+		}}},
+		Config: ocispec.ImageConfig{Labels: map[string]string{
+			"org.opencontainers.image.version":     o.Version,
+			"org.opencontainers.image.description": "Cozy tenant worker disk (KubeVirt containerDisk): Kubernetes " + o.Version,
+		}},
+	}
+	layout := filepath.Join(tmp, "out")
+	if err := ociimage.WriteLayout(layout, im); err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(layout, "disk"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(disk, filepath.Join(layout, "disk", DiskName(o.Version))); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(layout, out); err != nil {
+		return nil, fmt.Errorf("worker image: %w", err)
+	}
+	return &Image{Layout: out, Ref: o.Ref, Disk: filepath.Join(out, "disk", DiskName(o.Version))}, nil
+}
+
+// checkVersion runs BIN's version command: a kubelet or kubeadm of
+// another version would join as that version.
+func checkVersion(ctx context.Context, bin, want string) error {
+	args := []string{"--version"}
+	if filepath.Base(bin) == "kubeadm" {
+		args = []string{"version", "-o", "short"}
+	}
+	outb, err := exec.CommandContext(ctx, bin, args...).Output()
+	if err != nil {
+		return fmt.Errorf("%s: %w", bin, err)
+	}
+	got := strings.TrimPrefix(strings.TrimSpace(string(outb)), "Kubernetes ")
+	if got != want {
+		return fmt.Errorf("%s is %s, not %s", bin, got, want)
+	}
+	return nil
+}
+
+func run(ctx context.Context, env []string, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	if outb, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w\n%s", name, err, outb)
+	}
+	return nil
+}
+
+// isoTree lays out the ISO's files, every date at the epoch.
+func (o Options) isoTree(dir string) error {
+	initrd, err := o.initramfs()
+	if err != nil {
+		return err
+	}
+	kernel, err := os.ReadFile(filepath.Join(o.KernelDir, "vmlinuz"))
+	if err != nil {
+		return fmt.Errorf("kernel: %w", err)
+	}
+	files := map[string][]byte{
+		"boot/vmlinuz":    kernel,
+		"boot/initrd.lz4": initrd,
+		"isolinux/isolinux.cfg": []byte("SERIAL 0 115200\nDEFAULT cozy\nPROMPT 0\nTIMEOUT 0\nLABEL cozy\n  KERNEL /boot/vmlinuz\n" +
+			"  APPEND initrd=/boot/initrd.lz4 " + Cmdline + "\n"),
+	}
+	for _, f := range []string{"isolinux.bin", "ldlinux.c32"} {
+		data, err := os.ReadFile(filepath.Join(o.Syslinux, f))
+		if err != nil {
+			return fmt.Errorf("ISOLINUX: %w", err)
+		}
+		files["isolinux/"+f] = data
+	}
+	epoch := time.Unix(0, 0)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		p := filepath.Join(dir, n)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, files[n], 0o644); err != nil {
+			return err
+		}
+		if err := os.Chtimes(p, epoch, epoch); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"boot", "isolinux", "."} {
+		if err := os.Chtimes(filepath.Join(dir, d), epoch, epoch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// initramfs is the node's whole root file system.
+func (o Options) initramfs() ([]byte, error) {
+	type file struct {
+		src, dst string
+		mode     fs.FileMode
+		static   bool
+	}
+	files := []file{
+		{o.Busybox, "bin/busybox", 0o755, true},
+		{o.Agent, "bin/cozy-worker", 0o755, true},
+		{filepath.Join(o.KubernetesDir, "kubelet"), "bin/kubelet", 0o755, true},
+		{filepath.Join(o.KubernetesDir, "kubeadm"), "bin/kubeadm", 0o755, true},
+		{filepath.Join(o.RuntimeDir, "bin", "containerd"), "bin/containerd", 0o755, true},
+		{filepath.Join(o.RuntimeDir, "bin", "containerd-shim-runc-v2"), "bin/containerd-shim-runc-v2", 0o755, true},
+		{o.Runc, "bin/runc", 0o755, false},
+		{filepath.Join(o.KernelDir, "config"), "boot/config", 0o644, false},
+	}
+	for _, p := range CNIPlugins {
+		files = append(files, file{filepath.Join(o.RuntimeDir, "cni", "bin", p), "opt/cni/bin/" + p, 0o755, true})
+	}
+	libs, err := initramfs.SharedLibraries(o.Runc)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range libs {
+		files = append(files, file{l.Src, l.Dst, 0o755, false})
+	}
+	order, err := os.ReadFile(filepath.Join(o.KernelDir, "modules.order"))
+	if err != nil {
+		return nil, fmt.Errorf("kernel modules: %w (is %s a directory from hack/boot-assets.sh?)", err, o.KernelDir)
+	}
+	modules := strings.Fields(string(order))
+	if !slices.Contains(modules, "isofs.ko") {
+		return nil, fmt.Errorf("kernel modules in %s lack isofs.ko (the NoCloud seed's file system): run hack/boot-assets.sh again", o.KernelDir)
+	}
+	for _, m := range modules {
+		if m != filepath.Base(m) {
+			return nil, fmt.Errorf("modules.order in %s: %q is not a file name", o.KernelDir, m)
+		}
+		files = append(files, file{filepath.Join(o.KernelDir, "modules", m), "lib/modules/" + m, 0o644, false})
+	}
+
+	a := initramfs.Archive{Compression: initramfs.LZ4}
+	for _, d := range []string{"bin", "boot", "dev", "etc", "etc/cni/net.d", "etc/containerd", "lib/modules", "opt/cni/bin", "proc", "root", "run", "sys", "tmp", "var/lib", "var/log"} {
+		a.Dir(d, 0o755)
+	}
+	a.Symlink("bin/sh", "busybox")
+	a.File("init", 0o755, []byte(strings.ReplaceAll(initScript, "@VERSION@", o.Version)))
+	a.File("etc/udhcpc.script", 0o755, []byte(nodeimage.DHCPHook))
+	a.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"))
+	a.File("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))
+	a.File("etc/hosts", 0o644, []byte("127.0.0.1 localhost\n::1 localhost\n"))
+	a.File("lib/modules/modules.order", 0o644, []byte(strings.Join(modules, "\n")+"\n"))
+	for _, f := range files {
+		if f.static {
+			if err := initramfs.CheckStatic(f.src); err != nil {
+				return nil, err
+			}
+		}
+		data, err := os.ReadFile(f.src)
+		if err != nil {
+			return nil, err
+		}
+		a.File(f.dst, f.mode, data)
+	}
+	var buf bytes.Buffer
+	if _, err := a.WriteTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
