@@ -155,8 +155,12 @@ func CheckWorkloads(t *testing.T, kubectl Kubectl, pods []Pod, domain string) {
 	}
 }
 
-// crashPod exits 1 after each run, counting its runs in an emptyDir that
-// outlives the container.
+// crashPod's container exits 1 on its first run and stays up on the
+// next, counting its runs in an emptyDir that outlives the container.
+// One restart, not a crash loop: in a loop the kubelet removes each
+// dead container as the next one starts, and the Pod's lastState can
+// name one already removed while its status catches up (a cold CI run
+// hit that: "unable to retrieve container logs" for a minute).
 const crashPod = `apiVersion: v1
 kind: Pod
 metadata:
@@ -173,7 +177,7 @@ spec:
     image: ` + Busybox + `
     volumeMounts:
     - {name: runs, mountPath: /runs}
-    command: [sh, -c, 'n=$(($(cat /runs/n 2>/dev/null || echo 0) + 1)); echo $n > /runs/n; echo "crasher run $n"; exit 1']
+    command: [sh, -c, 'n=$(($(cat /runs/n 2>/dev/null || echo 0) + 1)); echo $n > /runs/n; echo "crasher run $n"; [ $n -gt 1 ] && exec sleep 3600; exit 1']
 `
 
 // CheckPreviousLogs checks what an operator reads first when a container
@@ -188,13 +192,13 @@ func CheckPreviousLogs(t *testing.T, kubectl Kubectl, node string) {
 	if out, err := kubectl("apply", "-f", f); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	poll.Within(t, 3*time.Minute, time.Second, "the crasher restarted", func() error {
-		out, err := kubectl("get", "pod", "crasher", "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.exitCode}`)
+	poll.Within(t, 3*time.Minute, time.Second, "the crasher restarted and running", func() error {
+		out, err := kubectl("get", "pod", "crasher", "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.exitCode} {.status.containerStatuses[0].ready}`)
 		if err != nil {
 			return err
 		}
-		if f := strings.Fields(out); len(f) != 2 || f[0] == "0" || f[1] != "1" {
-			return fmt.Errorf("restarts and last exit code: %q", out)
+		if f := strings.Fields(out); len(f) != 3 || f[0] != "1" || f[1] != "1" || f[2] != "true" {
+			return fmt.Errorf("restarts, last exit code, ready: %q", out)
 		}
 		return nil
 	})
@@ -203,7 +207,7 @@ func CheckPreviousLogs(t *testing.T, kubectl Kubectl, node string) {
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(out, "crasher run ") {
+		if !strings.Contains(out, "crasher run 1") {
 			return fmt.Errorf("logs --previous: %q", out)
 		}
 		return nil
