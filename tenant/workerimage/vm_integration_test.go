@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"cozy.dev/cozy/images"
+	"cozy.dev/cozy/images/registry"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
@@ -75,6 +81,7 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 		t.Fatalf("two builds differ:\n%s\n%s", idx0, idx1)
 	}
 	t.Logf("two builds, one index: %s", idx0)
+	mirrorIntoRegistry(ctx, t, layouts[0])
 	disk := filepath.Join(layouts[0], "disk", workerimage.DiskName(version))
 
 	ns := netnstest.New(t, "worker")
@@ -320,4 +327,37 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// mirrorIntoRegistry pushes the layout as `cozyctl images mirror --from
+// DIR` does (all of a layout, without a rack) into Cozy's registry on
+// loopback, and reads the image back by its manifest digest.
+func mirrorIntoRegistry(ctx context.Context, t *testing.T, layout string) {
+	t.Helper()
+	reg, err := registry.Listen("127.0.0.1:0", t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- reg.Serve(rctx) }()
+	defer func() { stop(); <-done }()
+	src, err := images.OpenLayout(layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := reg.Addr().String()
+	rs, err := images.Mirror(ctx, images.MirrorOptions{Registry: addr, Insecure: true, Source: src, Refs: src.Refs()})
+	if err != nil || len(rs) != 1 || rs[0].Status != images.StatusCopied {
+		t.Fatalf("mirror %s: %+v, %v", layout, rs, err)
+	}
+	ref, err := name.ParseReference(rs[0].Target, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Get(ref, remote.WithContext(ctx))
+	if err != nil || desc.Digest.String() != rs[0].Digest {
+		t.Fatalf("pull %s: %v, %v; want %s", rs[0].Target, desc, err, rs[0].Digest)
+	}
+	t.Logf("mirrored as %s@%s", rs[0].Target, rs[0].Digest)
 }
