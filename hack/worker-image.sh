@@ -61,7 +61,7 @@ trap 'rm -rf "$bin" ${work:+"$work"}' EXIT
 
 key="$({
 	echo "$version"
-	sha256sum "$kube/kubelet" "$kube/kubeadm" "$runtime"/bin/* "$runtime"/cni/bin/* "$kernel"/vmlinuz "$kernel"/modules/* \
+	sha256sum "$kube/kubelet" "$kube/kubeadm" "$runtime"/bin/* "$runtime"/cni/bin/* "$kernel"/vmlinuz "$kernel"/config "$kernel"/modules/* \
 		"$syslinux"/* "$bin/cozy-worker" /bin/busybox /usr/sbin/runc "$repo"/tenant/workerimage/*.go "$repo"/tenant/workerimage/init.sh | cut -d' ' -f1
 } | sha256sum | cut -c1-12)"
 out="${2:-$cache_root/worker-image/${version}_$key}"
