@@ -26,6 +26,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -170,7 +171,7 @@ func Parse(userData []byte, md MetaData) (*Config, error) {
 			c.BootCmd, err = parseCommands(v)
 		case refused[key] != "":
 			err = fmt.Errorf("the worker image does not support %s (%s)", refused[key], key)
-		case containsString(ignored, key):
+		case slices.Contains(ignored, key):
 			c.Ignored = append(c.Ignored, key)
 		default:
 			err = errors.New("unknown key")
@@ -183,15 +184,6 @@ func Parse(userData []byte, md MetaData) (*Config, error) {
 		return nil, fmt.Errorf("user-data: %w", err)
 	}
 	return c, nil
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // jinjaRE finds jinja's expressions, statements and comments.
