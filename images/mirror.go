@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
+	"cozy.dev/cozy/internal/httpguard"
 	"cozy.dev/cozy/internal/imageref"
 )
 
@@ -203,7 +204,7 @@ func copyArtifact(ctx context.Context, o MirrorOptions, res Result, get func() (
 
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
-		remote.WithTransport(httpGuard{base: o.Transport, allowHTTP: o.Insecure}),
+		remote.WithTransport(httpguard.Transport{Base: o.Transport, AllowHTTP: o.Insecure}),
 		remote.WithUserAgent(userAgent),
 	}
 	head, err := remote.Head(dst, ropts...)
@@ -246,18 +247,4 @@ func answer(te *transport.Error) string {
 		return "the registry answered " + status
 	}
 	return fmt.Sprintf("the registry answered %s: %s", status, body)
-}
-
-// httpGuard refuses plain HTTP unless allowed: go-containerregistry falls
-// back to HTTP by itself for loopback and private addresses.
-type httpGuard struct {
-	base      http.RoundTripper
-	allowHTTP bool
-}
-
-func (g httpGuard) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme == "http" && !g.allowHTTP {
-		return nil, fmt.Errorf("plain HTTP to %s refused: HTTPS only unless insecure (--insecure)", req.URL.Host)
-	}
-	return cmp.Or[http.RoundTripper](g.base, http.DefaultTransport).RoundTrip(req)
 }

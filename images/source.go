@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
+	"cozy.dev/cozy/internal/httpguard"
 	"cozy.dev/cozy/internal/imageref"
 )
 
@@ -179,7 +180,7 @@ func (u *Upstream) Get(ctx context.Context, ref imageref.Ref) (*Artifact, error)
 	if err != nil {
 		return nil, err
 	}
-	desc, err := remote.Get(r, remote.WithContext(ctx), remote.WithTransport(httpGuard{base: u.Transport}), remote.WithUserAgent(userAgent))
+	desc, err := remote.Get(r, remote.WithContext(ctx), remote.WithTransport(httpguard.Transport{Base: u.Transport}), remote.WithUserAgent(userAgent))
 	if err != nil {
 		var te *transport.Error
 		if errors.As(err, &te) && te.StatusCode == http.StatusNotFound {

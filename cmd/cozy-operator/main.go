@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
 
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -43,6 +46,7 @@ type options struct {
 	kubeconfig    string
 	showVersion   bool
 	addons        tenantcluster.AddonConfig
+	workerImages  tenantcluster.WorkerImages
 }
 
 // parse reads the flags (the chart's Deployment passes them; a test
@@ -72,11 +76,18 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.addons.ClusterAutoscalerImage, "cluster-autoscaler-image", o.addons.ClusterAutoscalerImage, "image of the tenants' cluster-autoscaler")
 	fs.StringVar(&o.addons.CCMImage, "kubevirt-ccm-image", o.addons.CCMImage, "image of the tenants' KubeVirt cloud-controller-manager")
 	fs.StringVar(&o.addons.CSIDriverImage, "kubevirt-csi-driver-image", o.addons.CSIDriverImage, "image of the tenants' KubeVirt CSI controller")
+	fs.StringVar(&o.workerImages.Repository, "worker-image-repository", "", "where node groups that name no image find Cozy's worker disk, HOST[:PORT]/PATH (tagged with the Kubernetes version); empty: every node group must name its image")
+	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if r := o.workerImages.Repository; r != "" {
+		if _, err := name.NewRepository(r); err != nil || !strings.Contains(r, "/") {
+			return nil, fmt.Errorf("--worker-image-repository %q: want HOST[:PORT]/PATH without a tag", r)
+		}
 	}
 	if o.concurrency < 1 {
 		return nil, fmt.Errorf("--concurrency %d: want at least 1", o.concurrency)
@@ -134,7 +145,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons}
+	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons, WorkerImages: o.workerImages}
 	if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}

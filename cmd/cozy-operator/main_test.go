@@ -63,6 +63,17 @@ func TestChartArgsParse(t *testing.T) {
 	if !strings.HasPrefix(o.addons.CCMImage, "quay.io/kubevirt/") {
 		t.Errorf("an image not overridden lost its default: %s", o.addons.CCMImage)
 	}
+	if o.workerImages != (tenantcluster.WorkerImages{}) {
+		t.Errorf("worker images %+v without the chart's workerImage", o.workerImages)
+	}
+
+	o, err = parse(chartArgs(t, map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true}); o.workerImages != want {
+		t.Errorf("worker images %+v, want %+v", o.workerImages, want)
+	}
 }
 
 func TestParseRejects(t *testing.T) {
@@ -76,6 +87,9 @@ func TestParseRejects(t *testing.T) {
 		{[]string{"--concurrency=0"}, "at least 1"},
 		{[]string{"--leader-elect", "extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
+		{[]string{"--worker-image-repository=10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}, "want HOST[:PORT]/PATH without a tag"},
+		{[]string{"--worker-image-repository=tenant-worker"}, "want HOST[:PORT]/PATH without a tag"},
+		{[]string{"--worker-image-repository=Bad/Upper"}, "want HOST[:PORT]/PATH without a tag"},
 	} {
 		if _, err := parse(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parse(%q) = %v, want an error saying %q", tt.args, err, tt.want)

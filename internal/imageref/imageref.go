@@ -94,6 +94,12 @@ func (r Ref) In(mirror string) (Ref, error) {
 	return m, nil
 }
 
+// WorkerImage is the repository of Cozy's tenant worker disks, one tag per
+// Kubernetes version: `cozyctl tenant image build` names them so, `cozyctl
+// images mirror` pushes them under MIRROR/cozy.dev/tenant-worker, and the
+// platform points cozy-operator there.
+const WorkerImage = "cozy.dev/tenant-worker"
+
 // MirrorHosts are what a registries.mirror URL covers whatever the rack:
 // the registries Kubernetes, Talos and the platform pull from. Hosts of other
 // images a rack names are added where the images are known.

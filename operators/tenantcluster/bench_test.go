@@ -203,7 +203,7 @@ func TestBenchOperatorRSS(t *testing.T) {
 // benchChildren is how many children one bench TenantCluster has, and
 // their kinds.
 func benchChildren(t *testing.T) (int, map[schema.GroupVersionKind]bool) {
-	one, err := Desired(benchTenantCluster(0), "v1.36.3")
+	one, err := Desired(benchTenantCluster(0), "v1.36.3", testImages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func benchPlain(t *testing.T, round, perCluster int) benchResult {
 		if err := env.Client.Create(ctx, tc); err != nil {
 			return err
 		}
-		c, err := Desired(tc, tc.Spec.Version)
+		c, err := Desired(tc, tc.Spec.Version, testImages)
 		if err != nil {
 			return err
 		}
@@ -446,6 +446,7 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 		t.Fatalf("build cozy-operator: %v\n%s", err, out)
 	}
 	addr, pprofAddr := freeLoopbackPort(t), freeLoopbackPort(t)
+	images, _ := workerRegistry(t, "v1.36.3")
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "operator.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -459,7 +460,10 @@ func startOperatorProcess(t *testing.T, env *testenv.Env) *operatorProcess {
 		"--kube-api-qps", strconv.Itoa(benchQPS), "--kube-api-burst", strconv.Itoa(benchQPS),
 		// Info, for controller-runtime's "Starting workers" (started);
 		// the operator itself logs nothing per reconcile at this level.
-		"--log-level", "info")
+		"--log-level", "info",
+		// Its worker images are in a registry on loopback, as a rack's
+		// are in its mirror: one check per version, then remembered.
+		"--worker-image-repository", images.Repository, "--worker-image-insecure")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -607,7 +611,7 @@ func TestBenchRequestCosts(t *testing.T) {
 	}
 	tcs := make([]*v1.TenantCluster, n)
 	children := func(i int) []*unstructured.Unstructured {
-		c, err := Desired(tcs[i], tcs[i].Spec.Version)
+		c, err := Desired(tcs[i], tcs[i].Spec.Version, testImages)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -87,7 +87,7 @@ func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 	if err := c.Create(ctx, tc); err != nil {
 		t.Fatalf("create the TenantCluster: %v", err)
 	}
-	children, err := Desired(tc, tc.Spec.Version)
+	children, err := Desired(tc, tc.Spec.Version, testImages)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,13 +53,17 @@ type Reconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
 	Addons   AddonConfig
+	// WorkerImages is where node groups that name no image find theirs.
+	WorkerImages WorkerImages
 
 	// applied remembers the generation each child had after the
 	// operator's last apply, so a change by someone else (a new
 	// generation, same hash annotation) is put back.
 	applied sync.Map
-	// writer creates and applies children (SetupWithManager makes it).
-	writer *writer
+	// writer creates and applies children, imageChecks asks the
+	// registry for worker images (SetupWithManager makes both).
+	writer      *writer
+	imageChecks *imageChecks
 }
 
 // Reconcile is level-based: it reads the TenantCluster and its children
@@ -114,9 +118,17 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	}
 	cp := readControlPlane(o.ControlPlane)
 	versions := plan(tc.Spec.Version, cp, o.MachineDeployments)
+	// Groups waiting for their disk are left as they are: none of their
+	// objects is applied or pruned, so no VM is made to fail its import.
+	held := r.heldGroups(ctx, tc, o, versions)
+	build := tc
+	if len(held) > 0 {
+		build = tc.DeepCopy()
+		build.Spec.NodeGroups = slices.DeleteFunc(build.Spec.NodeGroups, func(g v1.NodeGroup) bool { return held[g.Name] != "" })
+	}
 	// The CRD's validation makes build errors unreachable; if one gets
 	// through, retrying will not help (ReconcileFailed says why).
-	children, err := DesiredAt(tc, versions)
+	children, err := DesiredAt(build, versions, r.WorkerImages)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
@@ -127,6 +139,10 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	}
 	desired = append(desired, addons...)
 
+	var res ctrl.Result
+	if len(held) > 0 {
+		res.RequeueAfter = workerImageRetry
+	}
 	r.announceUpgrade(tc, cp, versions, o)
 	created, err := r.applyAll(ctx, desired, existing)
 	if err != nil {
@@ -135,16 +151,16 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	if created > 0 {
 		r.event(tc, corev1.EventTypeNormal, "Created", "Apply", "created %d objects", created)
 	}
-	if err := r.prune(ctx, tc, desired, existing, keepAddons); err != nil {
+	if err := r.prune(ctx, tc, desired, existing, keepAddons, held); err != nil {
 		return ctrl.Result{}, err
 	}
 	if created > 0 {
 		// The cache has not seen the new children yet, so a status now
 		// would be stale and written twice; their watch events bring the
 		// TenantCluster back.
-		return ctrl.Result{}, nil
+		return res, nil
 	}
-	return ctrl.Result{}, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc)))
+	return res, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc), held))
 }
 
 // applyParallelism bounds the applies one reconcile has in flight. The
@@ -403,7 +419,7 @@ func hashObject(u *unstructured.Unstructured) string {
 // prune deletes children that are no longer wanted: the objects of a
 // removed node group or a disabled add-on, and old templates once no
 // MachineDeployment or MachineSet refers to them.
-func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []*unstructured.Unstructured, existing map[objectKey]client.Object, keepAddons bool) error {
+func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []*unstructured.Unstructured, existing map[objectKey]client.Object, keepAddons bool, held map[string]string) error {
 	want := map[objectKey]bool{}
 	for _, u := range desired {
 		want[keyOf(u)] = true
@@ -417,6 +433,9 @@ func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []
 		k, _ := kindOf(key.GVK)
 		if keepAddons && obj.GetLabels()[LabelAddon] != "" {
 			continue
+		}
+		if held[obj.GetLabels()[LabelNodeGroup]] != "" {
+			continue // a group waiting for its worker image keeps what it has
 		}
 		if key.GVK == gvkCluster || key.GVK == gvkKamaji || key.GVK == gvkKubevirtCluster {
 			continue // only the finalizer removes the cluster itself

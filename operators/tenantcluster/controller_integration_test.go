@@ -49,6 +49,8 @@ import (
 type operatorEnv struct {
 	env *testenv.Env
 	c   client.Client
+	// images is the operator's worker image registry, on loopback.
+	images WorkerImages
 }
 
 // startAPIServer is a real kube-apiserver with the upstream CRDs and
@@ -72,15 +74,16 @@ func startAPIServer(t *testing.T) (*testenv.Env, *runtime.Scheme) {
 func startOperator(t *testing.T) *operatorEnv {
 	t.Helper()
 	env, scheme := startAPIServer(t)
-	mgr := newManager(t, asOperator(t, env), scheme, false)
+	images, _ := workerRegistry(t, testVersions...)
+	mgr := newManager(t, asOperator(t, env), scheme, false, images)
 	stop := run(t, mgr)
 	t.Cleanup(stop)
-	return &operatorEnv{env: env, c: env.Client}
+	return &operatorEnv{env: env, c: env.Client, images: images}
 }
 
 // newManager is the operator's manager as cmd/cozy-operator builds it,
 // with or without leader election (a Lease in cozy-system).
-func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool) ctrl.Manager {
+func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool, images WorkerImages) ctrl.Manager {
 	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -98,7 +101,7 @@ func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderEl
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig()}
+	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig(), WorkerImages: images}
 	if err := r.SetupWithManager(mgr, 4); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +243,7 @@ func (e *operatorEnv) wantChildren(t *testing.T, ctx context.Context, tc *v1.Ten
 		if err != nil {
 			return err
 		}
-		want, err := DesiredAt(cur, v)
+		want, err := DesiredAt(cur, v, e.images)
 		if err != nil {
 			return err
 		}
@@ -497,7 +500,7 @@ func TestWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	children, err := Desired(tc, tc.Spec.Version)
+	children, err := Desired(tc, tc.Spec.Version, testImages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1010,11 +1013,12 @@ func TestOperatorDeletesInOrder(t *testing.T) {
 func TestOperatorLeaderElection(t *testing.T) {
 	env, scheme := startAPIServer(t)
 	cfg := asOperator(t, env)
-	e := &operatorEnv{env: env, c: env.Client}
+	images, _ := workerRegistry(t, testVersions...)
+	e := &operatorEnv{env: env, c: env.Client, images: images}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	first := newManager(t, cfg, scheme, true)
+	first := newManager(t, cfg, scheme, true, images)
 	stopFirst := run(t, first)
 	t.Cleanup(stopFirst)
 	select {
@@ -1022,7 +1026,7 @@ func TestOperatorLeaderElection(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the first operator was never elected")
 	}
-	second := newManager(t, cfg, scheme, true)
+	second := newManager(t, cfg, scheme, true, images)
 	t.Cleanup(run(t, second))
 
 	tc := e.create(t, ctx, nil)
@@ -1048,4 +1052,95 @@ func TestOperatorLeaderElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.wantChildren(t, ctx, tc, Uniform(tc.Spec.Version))
+}
+
+// TestOperatorWaitsForWorkerImage: node groups whose worker image the
+// registry does not hold are not created (no VM is made to fail its
+// import) and WorkersReady says which image to build and push; once it is
+// pushed they are. An upgrade to a version without an image keeps the
+// workers where they are.
+func TestOperatorWaitsForWorkerImage(t *testing.T) {
+	for v, short := range map[*time.Duration]time.Duration{&imageMissingTTL: 0, &workerImageRetry: 500 * time.Millisecond} {
+		old := *v
+		*v = short
+		t.Cleanup(func() { *v = old })
+	}
+	env, scheme := startAPIServer(t)
+	images, _ := workerRegistry(t) // empty
+	t.Cleanup(run(t, newManager(t, asOperator(t, env), scheme, false, images)))
+	e := &operatorEnv{env: env, c: env.Client, images: images}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	tc := e.create(t, ctx, nil)
+	poll.Within(t, waitLimit, 100*time.Millisecond, "WorkersReady names the missing image", func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		want := "False/" + ReasonWorkerImageMissing + ": node group md0 waits for its worker image " + images.Ref("v1.36.3") +
+			", which is not in the registry: build it with `cozyctl tenant image build --version v1.36.3` and push it with `cozyctl images mirror`"
+		if c := condition(cur, v1.ConditionWorkersReady); !strings.HasPrefix(c, want) {
+			return fmt.Errorf("WorkersReady %s", c)
+		}
+		if c := condition(cur, v1.ConditionReady); !strings.Contains(c, "waits for its worker image") {
+			return fmt.Errorf("Ready %s", c)
+		}
+		return nil
+	})
+	got, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// gpu names its own image and is made; md0 and small wait.
+	var groups []string
+	for _, u := range got {
+		if g := u.GetLabels()[LabelNodeGroup]; g != "" && !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	if len(got) < 7 || !slices.Equal(groups, []string{"gpu"}) {
+		t.Errorf("while the image is missing: %d children, of node groups %v; want the cluster's and gpu's only", len(got), groups)
+	}
+
+	pushWorkerImage(t, images, "v1.36.3")
+	e.wantChildren(t, ctx, tc, Uniform("v1.36.3"))
+	e.setControlPlane(t, ctx, tc, "v1.36.3")
+	e.setWorkers(t, ctx, tc, false)
+
+	// An upgrade to a version without an image: the control plane moves,
+	// the workers stay on their template and say why.
+	before, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setVersion(t, ctx, tc, "v1.37.0")
+	e.wantChildren(t, ctx, tc, Versions{ControlPlane: "v1.37.0", Groups: map[string]string{newGroupKey: "v1.36.3"}})
+	e.setControlPlane(t, ctx, tc, "v1.37.0")
+	// gpu (its own image) moves; md0 and small stay.
+	held := Versions{ControlPlane: "v1.37.0", Groups: map[string]string{"md0": "v1.36.3", "small": "v1.36.3"}}
+	poll.Within(t, waitLimit, 100*time.Millisecond, "workers held at v1.36.3", func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		if c := condition(cur, v1.ConditionWorkersReady); !strings.Contains(c, ReasonWorkerImageMissing+": node group md0 waits for its worker image "+images.Ref("v1.37.0")) {
+			return fmt.Errorf("WorkersReady %s", c)
+		}
+		if cur.Status.Phase != v1.PhaseUpgrading {
+			return fmt.Errorf("phase %s", cur.Status.Phase)
+		}
+		return nil
+	})
+	e.wantChildren(t, ctx, tc, held)
+	after, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := infraRef(before["MachineDeployment/acme-md0"]), infraRef(after["MachineDeployment/acme-md0"]); a != b {
+		t.Errorf("node group md0 moved from template %s to %s without its image", a, b)
+	}
+
+	pushWorkerImage(t, images, "v1.37.0")
+	e.wantChildren(t, ctx, tc, Uniform("v1.37.0"))
 }

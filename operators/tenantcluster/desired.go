@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -57,12 +58,6 @@ const (
 	annotationCapacity = "capacity.cluster-autoscaler.kubernetes.io/"
 )
 
-// DefaultImage is the worker disk image when a node group names none: the
-// Cluster API KubeVirt provider's Ubuntu container disk for the version.
-func DefaultImage(version string) string {
-	return "docker://quay.io/capk/ubuntu-2404-container-disk:" + version
-}
-
 // Children are a TenantCluster's desired Cluster API objects.
 type Children struct {
 	Cluster      *unstructured.Unstructured
@@ -92,14 +87,15 @@ func (c Children) All() []*unstructured.Unstructured {
 
 // Desired builds every child, the control plane at the TenantCluster's
 // version and the node groups at workerVersion.
-func Desired(tc *v1.TenantCluster, workerVersion string) (Children, error) {
-	return DesiredAt(tc, Versions{ControlPlane: tc.Spec.Version, Groups: map[string]string{newGroupKey: workerVersion}})
+func Desired(tc *v1.TenantCluster, workerVersion string, w WorkerImages) (Children, error) {
+	return DesiredAt(tc, Versions{ControlPlane: tc.Spec.Version, Groups: map[string]string{newGroupKey: workerVersion}}, w)
 }
 
 // DesiredAt builds every child at the versions plan chose: during an
 // upgrade the controller holds the node groups at their old version until
-// the control plane has finished.
-func DesiredAt(tc *v1.TenantCluster, v Versions) (Children, error) {
+// the control plane has finished. A node group that names no image boots
+// w's for its version.
+func DesiredAt(tc *v1.TenantCluster, v Versions, w WorkerImages) (Children, error) {
 	c := Children{
 		Cluster:      desiredCluster(tc),
 		ControlPlane: desiredKamajiControlPlane(tc, v.ControlPlane),
@@ -107,7 +103,7 @@ func DesiredAt(tc *v1.TenantCluster, v Versions) (Children, error) {
 	}
 	for _, g := range tc.Spec.NodeGroups {
 		version := v.Group(g.Name)
-		mt, err := desiredMachineTemplate(tc, g, version)
+		mt, err := desiredMachineTemplate(tc, g, version, w)
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
@@ -276,29 +272,34 @@ func storageClass(tc *v1.TenantCluster, g v1.NodeGroup) string {
 	return tc.Spec.StorageClass
 }
 
-// diskImage is the group's root disk; the default image is the one for
-// the version the group runs, which lags the TenantCluster's during an
-// upgrade: the workers' VMs must not change while the control plane
-// moves.
-func diskImage(g v1.NodeGroup, version string) cdiv1.DataVolumeSource {
+// diskImage is the group's root disk; the default image is Cozy's worker
+// image for the version the group runs, which lags the TenantCluster's
+// during an upgrade: the workers' VMs must not change while the control
+// plane moves.
+func diskImage(g v1.NodeGroup, version string, w WorkerImages) (cdiv1.DataVolumeSource, error) {
 	switch {
 	case g.Image.URL != "":
-		return cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: g.Image.URL}}
+		return cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: g.Image.URL}}, nil
 	case g.Image.Registry != "":
-		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(g.Image.Registry)}}
-	default:
-		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(DefaultImage(version))}}
+		return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(g.Image.Registry)}}, nil
+	case w.Ref(version) == "":
+		return cdiv1.DataVolumeSource{}, errors.New("no image: the group names none and there is no worker image repository")
 	}
+	return cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To("docker://" + w.Ref(version))}}, nil
 }
 
 // vmSpec is a worker VM: always running, its root disk imported by CDI
 // into the group's storage class (block, RWX, so it can live-migrate),
 // bridged onto the pod network with KubeVirt's live-migration annotation,
 // evicted by live migration.
-func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup, version string) (kubevirtv1.VirtualMachineSpec, error) {
+func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup, version string, w WorkerImages) (kubevirtv1.VirtualMachineSpec, error) {
 	disk, err := resource.ParseQuantity(g.DiskSize)
 	if err != nil {
 		return kubevirtv1.VirtualMachineSpec{}, fmt.Errorf("diskSize %q: %w", g.DiskSize, err)
+	}
+	source, err := diskImage(g, version, w)
+	if err != nil {
+		return kubevirtv1.VirtualMachineSpec{}, err
 	}
 	const rootDisk = "root"
 	spec := kubevirtv1.VirtualMachineSpec{
@@ -306,7 +307,7 @@ func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup, version string) (kubevirtv1.Vi
 		DataVolumeTemplates: []kubevirtv1.DataVolumeTemplateSpec{{
 			ObjectMeta: metav1.ObjectMeta{Name: rootDisk},
 			Spec: cdiv1.DataVolumeSpec{
-				Source: ptr.To(diskImage(g, version)),
+				Source: &source,
 				Storage: &cdiv1.StorageSpec{
 					StorageClassName: ptr.To(storageClass(tc, g)),
 					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
@@ -356,8 +357,8 @@ func vmSpec(tc *v1.TenantCluster, g v1.NodeGroup, version string) (kubevirtv1.Vi
 	return spec, nil
 }
 
-func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup, version string) (*unstructured.Unstructured, error) {
-	vm, err := vmSpec(tc, g, version)
+func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup, version string, w WorkerImages) (*unstructured.Unstructured, error) {
+	vm, err := vmSpec(tc, g, version, w)
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ func TestServerAcceptsChildren(t *testing.T) {
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.Namespace}}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Desired(tc, tc.Spec.Version)
+	c, err := Desired(tc, tc.Spec.Version, testImages)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func fixture(t *testing.T) *v1.TenantCluster {
 // TestDesiredGolden pins every child the builders make for a cluster with
 // a fixed group, an autoscaled GPU group and an instance-type group.
 func TestDesiredGolden(t *testing.T) {
-	c, err := Desired(fixture(t), "v1.36.3")
+	c, err := Desired(fixture(t), "v1.36.3", testImages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestTemplateNames(t *testing.T) {
 	base := fixture(t)
 	names := func(tc *v1.TenantCluster, version string) (mt, bt, md, mdVersion string) {
 		t.Helper()
-		c, err := Desired(tc, version)
+		c, err := Desired(tc, version, testImages)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +137,7 @@ func TestTemplateNames(t *testing.T) {
 }
 
 func TestAutoscaledGroupLeavesReplicasAlone(t *testing.T) {
-	c, err := Desired(fixture(t), "v1.36.3")
+	c, err := Desired(fixture(t), "v1.36.3", testImages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestAutoscaledGroupLeavesReplicasAlone(t *testing.T) {
 
 func TestOwnedAndLabelled(t *testing.T) {
 	tc := fixture(t)
-	c, err := Desired(tc, "v1.36.3")
+	c, err := Desired(tc, "v1.36.3", testImages)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestDesiredHeldGroupKeepsImage(t *testing.T) {
 	tc := fixture(t)
 	image := func(v Versions) (template, url string) {
 		t.Helper()
-		c, err := DesiredAt(tc, v)
+		c, err := DesiredAt(tc, v, testImages)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,11 +192,27 @@ func TestDesiredHeldGroupKeepsImage(t *testing.T) {
 	oldName, oldURL := image(Uniform("v1.35.4"))
 	heldName, heldURL := image(Versions{ControlPlane: "v1.36.3", Groups: map[string]string{"md0": "v1.35.4"}})
 	newName, newURL := image(Uniform("v1.36.3"))
-	if heldName != oldName || heldURL != DefaultImage("v1.35.4") || oldURL != heldURL {
-		t.Errorf("held group: template %s image %s, want %s with %s", heldName, heldURL, oldName, DefaultImage("v1.35.4"))
+	if heldName != oldName || heldURL != "docker://"+testImages.Ref("v1.35.4") || oldURL != heldURL {
+		t.Errorf("held group: template %s image %s, want %s with %s", heldName, heldURL, oldName, "docker://"+testImages.Ref("v1.35.4"))
 	}
-	if newName == oldName || newURL != DefaultImage("v1.36.3") {
-		t.Errorf("moved group: template %s image %s, want a new template with %s", newName, newURL, DefaultImage("v1.36.3"))
+	if newName == oldName || newURL != "docker://"+testImages.Ref("v1.36.3") {
+		t.Errorf("moved group: template %s image %s, want a new template with %s", newName, newURL, "docker://"+testImages.Ref("v1.36.3"))
+	}
+}
+
+// TestDesiredWithoutWorkerImages: a group that names no image cannot be
+// built without a worker image repository (the controller holds such a
+// group before it builds); one that names its image can.
+func TestDesiredWithoutWorkerImages(t *testing.T) {
+	tc := fixture(t)
+	if _, err := Desired(tc, "v1.36.3", WorkerImages{}); err == nil || !strings.Contains(err.Error(), "node group md0: no image") {
+		t.Errorf("error %v, want node group md0 without an image", err)
+	}
+	for i := range tc.Spec.NodeGroups {
+		tc.Spec.NodeGroups[i].Image.Registry = "docker://registry.example.com/disk:1"
+	}
+	if _, err := Desired(tc, "v1.36.3", WorkerImages{}); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -92,6 +92,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		return err
 	}
 	r.writer = w
+	r.imageChecks = newImageChecks(r.WorkerImages)
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("tenantcluster").
 		For(&v1.TenantCluster{}, builder.WithPredicates(tenantClusterChanged)).

@@ -33,18 +33,19 @@ type Observed struct {
 
 // Condition reasons.
 const (
-	ReasonAvailable         = "Available"
-	ReasonProvisioning      = "Provisioning"
-	ReasonUpgrading         = "Upgrading"
-	ReasonUnavailable       = "Unavailable"
-	ReasonScaling           = "Scaling"
-	ReasonNoNodeGroups      = "NoNodeGroups"
-	ReasonWaitingKubeconfig = "WaitingForKubeconfig"
-	ReasonInstalling        = "Installing"
-	ReasonAddonFailed       = "AddonFailed"
-	ReasonNoAddons          = "NoAddons"
-	ReasonNotReady          = "NotReady"
-	ReasonDeleting          = "Deleting"
+	ReasonAvailable          = "Available"
+	ReasonProvisioning       = "Provisioning"
+	ReasonUpgrading          = "Upgrading"
+	ReasonUnavailable        = "Unavailable"
+	ReasonScaling            = "Scaling"
+	ReasonNoNodeGroups       = "NoNodeGroups"
+	ReasonWaitingKubeconfig  = "WaitingForKubeconfig"
+	ReasonInstalling         = "Installing"
+	ReasonAddonFailed        = "AddonFailed"
+	ReasonNoAddons           = "NoAddons"
+	ReasonNotReady           = "NotReady"
+	ReasonDeleting           = "Deleting"
+	ReasonWorkerImageMissing = "WorkerImageMissing"
 )
 
 // computeStatus derives a TenantCluster's status from its children: the
@@ -53,7 +54,7 @@ const (
 // Deployments. It starts from the current status so that unchanged
 // conditions keep their transition times, and changes nothing the
 // children do not say.
-func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string) v1.TenantClusterStatus {
+func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string, held map[string]string) v1.TenantClusterStatus {
 	st := *tc.Status.DeepCopy()
 	st.ObservedGeneration = tc.Generation
 	gen := tc.Generation
@@ -75,7 +76,7 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 	}
 
 	set(controlPlaneCondition(tc, o, v, cp))
-	workers := observeWorkers(tc, o)
+	workers := observeWorkers(tc, o, held)
 	st.ReadyWorkers, st.DesiredWorkers = workers.ready, workers.desired
 	st.Workers = fmt.Sprintf("%d/%d", workers.ready, workers.desired)
 	set(workers.condition(tc))
@@ -114,14 +115,24 @@ type workers struct {
 	// each with why; upgrading is true when one is at another version.
 	behind    []string
 	upgrading bool
+	// noImage says why groups wait for their worker image.
+	noImage []string
 }
 
-func observeWorkers(tc *v1.TenantCluster, o Observed) workers {
+func observeWorkers(tc *v1.TenantCluster, o Observed, held map[string]string) workers {
 	var w workers
 	for _, g := range tc.Spec.NodeGroups {
 		md := o.MachineDeployments[g.Name]
 		want := groupDesired(g, md)
 		w.desired += want
+		if why := held[g.Name]; why != "" {
+			w.noImage = append(w.noImage, why)
+			if md != nil {
+				w.ready += min(ptr.Deref(md.Status.ReadyReplicas, 0), want)
+				w.upgrading = w.upgrading || md.Spec.Template.Spec.Version != tc.Spec.Version
+			}
+			continue
+		}
 		if md == nil {
 			w.behind = append(w.behind, g.Name+" (not created)")
 			continue
@@ -143,6 +154,9 @@ func (w workers) condition(tc *v1.TenantCluster) metav1.Condition {
 	switch {
 	case len(tc.Spec.NodeGroups) == 0:
 		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonNoNodeGroups, Message: "the cluster has no node groups"}
+	case len(w.noImage) > 0:
+		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonWorkerImageMissing,
+			Message: strings.Join(append(w.noImage, w.behind...), "; ")}
 	case len(w.behind) == 0:
 		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
 			Message: fmt.Sprintf("%d/%d workers ready", w.ready, w.desired)}

@@ -78,8 +78,27 @@ func TestComputeStatus(t *testing.T) {
 		name  string
 		prior v1.Phase
 		o     func() Observed
+		held  map[string]string
 		want  want
 	}{
+		{name: "new group waits for its image", o: func() Observed {
+			o := healthy()
+			delete(o.MachineDeployments, "auto")
+			return o
+		}, held: map[string]string{"auto": "node group auto waits for its worker image"}, want: want{
+			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
+			workersC: "False/WorkerImageMissing: node group auto waits for its worker image",
+			add:      "True/Available", ready: "False/NotReady: WorkersReady: node group auto waits",
+		}},
+		{name: "upgrade waits for the new image", prior: v1.PhaseReady, o: func() Observed {
+			o := healthy()
+			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
+			return o
+		}, held: map[string]string{"md0": "node group md0 waits for its worker image"}, want: want{
+			phase: v1.PhaseUpgrading, workers: "5/5", controlPlane: "True/Available",
+			workersC: "False/WorkerImageMissing: node group md0 waits for its worker image",
+			add:      "True/Available", ready: "False/NotReady",
+		}},
 		{name: "nothing yet", o: func() Observed { return Observed{} }, want: want{
 			phase: v1.PhaseProvisioning, workers: "0/4",
 			controlPlane: "False/Provisioning: waiting for the Kamaji control plane",
@@ -140,7 +159,7 @@ func TestComputeStatus(t *testing.T) {
 			tc := statusCluster()
 			tc.Status.Phase = tt.prior
 			o := tt.o()
-			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc))
+			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc), tt.held)
 			if st.Phase != tt.want.phase || st.Workers != tt.want.workers || st.ObservedGeneration != 3 {
 				t.Errorf("phase %s workers %s generation %d; want %s %s 3", st.Phase, st.Workers, st.ObservedGeneration, tt.want.phase, tt.want.workers)
 			}
@@ -172,11 +191,11 @@ func TestComputeStatusKeepsTransitionTimes(t *testing.T) {
 	tc := statusCluster()
 	o := healthy()
 	v := plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments)
-	tc.Status = computeStatus(tc, o, v, EnabledAddons(tc))
+	tc.Status = computeStatus(tc, o, v, EnabledAddons(tc), nil)
 	for i := range tc.Status.Conditions {
 		tc.Status.Conditions[i].LastTransitionTime = metav1.NewTime(time.Unix(1000, 0))
 	}
-	again := computeStatus(tc, o, v, EnabledAddons(tc))
+	again := computeStatus(tc, o, v, EnabledAddons(tc), nil)
 	for _, c := range again.Conditions {
 		if !c.LastTransitionTime.Equal(&metav1.Time{Time: time.Unix(1000, 0)}) {
 			t.Errorf("%s: transition time moved to %v", c.Type, c.LastTransitionTime)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -268,6 +269,54 @@ func TestChartMirror(t *testing.T) {
 	}
 	if n < 5 {
 		t.Errorf("only %d repositories read the mirror", n)
+	}
+}
+
+// The rack's registries.mirror is where tenants' worker disks come from:
+// cozy-operator's values name MIRROR/cozy.dev/tenant-worker, and for an
+// http:// mirror CDI reads that host over plain HTTP. Without a mirror,
+// the operator has no repository and CDI no insecure registry.
+func TestWorkerImageFromMirror(t *testing.T) {
+	for _, tt := range []struct {
+		name, mirror string
+		repository   string
+		insecure     bool
+	}{
+		{name: "no mirror"},
+		{name: "http mirror", mirror: "http://10.0.0.1:5000", repository: "10.0.0.1:5000/cozy.dev/tenant-worker", insecure: true},
+		{name: "https mirror", mirror: "https://registry.example.com", repository: "registry.example.com/cozy.dev/tenant-worker"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var edits []string
+			if tt.mirror != "" {
+				edits = []string{"# registries:\n#   mirror: http://192.168.100.1:5000", "registries:\n  mirror: " + tt.mirror}
+			}
+			objs, err := mustRender(t, exampleRack(t, "prod", edits...)).Objects()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var repo, insecureRegs any
+			var insecure bool
+			for _, o := range objs {
+				switch {
+				case o.GetKind() == "HelmRelease" && o.GetName() == "cozy-operator":
+					repo, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "workerImage", "repository")
+					insecure, _, _ = unstructured.NestedBool(o.Object, "spec", "values", "workerImage", "insecure")
+				case o.GetKind() == "CDI":
+					insecureRegs, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "config", "insecureRegistries")
+				}
+			}
+			if repo != tt.repository || insecure != tt.insecure {
+				t.Errorf("cozy-operator workerImage %v (insecure %v), want %q (%v)", repo, insecure, tt.repository, tt.insecure)
+			}
+			var wantRegs any
+			if tt.insecure {
+				wantRegs = []any{"10.0.0.1:5000"}
+			}
+			if !reflect.DeepEqual(insecureRegs, wantRegs) {
+				t.Errorf("CDI insecureRegistries %v, want %v", insecureRegs, wantRegs)
+			}
+		})
 	}
 }
 

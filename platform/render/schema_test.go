@@ -63,6 +63,8 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"negative progress deadline", with("flux.progressDeadlineSeconds", -1), []string{"/flux/progressDeadlineSeconds", "minimum"}},
 		{"feature gate spelling", with("kubevirt.featureGates", []any{"live-migration"}), []string{"/kubevirt/featureGates/0"}},
 		{"emulation not a boolean", with("kubevirt.useEmulation", "yes"), []string{"/kubevirt/useEmulation", "want boolean"}},
+		{"worker image with a tag", with("cozyOperator.workerImage", map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}), []string{"/cozyOperator/workerImage/repository"}},
+		{"worker image without a host", with("cozyOperator.workerImage", map[string]any{"repository": "tenant-worker"}), []string{"/cozyOperator/workerImage/repository"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.RenderValues(tc.values, "")
@@ -99,6 +101,8 @@ func TestOperatorSchemaRejects(t *testing.T) {
 			"sourceRef": map[string]any{"namespace": "Cozy_Addons"}}}}}, []string{"/addons/charts/metrics-server/sourceRef/namespace"}},
 		{"chart for an unknown add-on", map[string]any{"addons": map[string]any{"charts": map[string]any{"calico": map[string]any{}}}}, []string{"additional properties 'calico' not allowed"}},
 		{"unknown add-on image", map[string]any{"addons": map[string]any{"images": map[string]any{"cilium": "x"}}}, []string{"additional properties 'cilium' not allowed"}},
+		{"worker image with a tag", map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}}, []string{"/workerImage/repository"}},
+		{"worker image insecure not a boolean", map[string]any{"workerImage": map[string]any{"insecure": "yes"}}, []string{"/workerImage/insecure"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")

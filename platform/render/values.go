@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"path"
 	"strings"
 
 	"helm.sh/helm/v3/pkg/chartutil"
 
 	"cozy.dev/cozy/bootstrap/rack"
+	"cozy.dev/cozy/internal/imageref"
 )
 
 // DefaultJoinCIDR is Kube-OVN's node-to-pod network unless the rack's
@@ -85,6 +87,16 @@ func Values(r *rack.Rack) (map[string]any, error) {
 			comps[name] = m
 		}
 		generated["components"] = comps
+	}
+	if r.Registries.Mirror != "" {
+		// Validated by the rack: http(s)://HOST[:PORT].
+		u, err := url.Parse(r.Registries.Mirror)
+		if err != nil {
+			return nil, fmt.Errorf("registries.mirror: %w", err)
+		}
+		generated["cozyOperator"] = map[string]any{"workerImage": map[string]any{
+			"repository": u.Host + "/" + imageref.WorkerImage, "insecure": u.Scheme == "http",
+		}}
 	}
 	if r.Platform.Mirror != "" {
 		m, err := rack.ParseChartMirror(r.Platform.Mirror)

@@ -29,6 +29,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"cozy.dev/cozy/internal/imageref"
 	"cozy.dev/cozy/internal/ociimage"
 	"cozy.dev/cozy/lab/initramfs"
 	"cozy.dev/cozy/lab/nodeimage"
@@ -64,7 +65,7 @@ type Options struct {
 
 // DefaultRepository is where the image is named by default; `cozyctl
 // images mirror` pushes it under the same path into a rack's registry.
-const DefaultRepository = "cozy.dev/tenant-worker"
+const DefaultRepository = imageref.WorkerImage
 
 // Image is a built containerDisk.
 type Image struct {
