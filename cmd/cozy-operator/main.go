@@ -47,6 +47,7 @@ type options struct {
 	showVersion   bool
 	addons        tenantcluster.AddonConfig
 	workerImages  tenantcluster.WorkerImages
+	permittedGPUs []string
 }
 
 // parse reads the flags (the chart's Deployment passes them; a test
@@ -77,6 +78,13 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.addons.CCMImage, "kubevirt-ccm-image", o.addons.CCMImage, "image of the tenants' KubeVirt cloud-controller-manager")
 	fs.StringVar(&o.addons.CSIDriverImage, "kubevirt-csi-driver-image", o.addons.CSIDriverImage, "image of the tenants' KubeVirt CSI controller")
 	fs.StringVar(&o.workerImages.Repository, "worker-image-repository", "", "where node groups that name no image find Cozy's worker disk, HOST[:PORT]/PATH (tagged with the Kubernetes version); empty: every node group must name its image")
+	fs.Func("permitted-gpu", "a GPU device name the platform's KubeVirt permits (its permittedHostDevices resourceName; repeatable); node groups asking for another wait", func(s string) error {
+		if s == "" {
+			return fmt.Errorf("empty device name")
+		}
+		o.permittedGPUs = append(o.permittedGPUs, s)
+		return nil
+	})
 	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -145,7 +153,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons, WorkerImages: o.workerImages}
+	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons, WorkerImages: o.workerImages, PermittedGPUs: o.permittedGPUs}
 	if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}

@@ -66,13 +66,22 @@ func TestChartArgsParse(t *testing.T) {
 	if o.workerImages != (tenantcluster.WorkerImages{}) {
 		t.Errorf("worker images %+v without the chart's workerImage", o.workerImages)
 	}
+	if o.permittedGPUs != nil {
+		t.Errorf("permitted GPUs %v by default, want none", o.permittedGPUs)
+	}
 
-	o, err = parse(chartArgs(t, map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true}}))
+	o, err = parse(chartArgs(t, map[string]any{
+		"workerImage":   map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true},
+		"permittedGPUs": []any{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"},
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true}); o.workerImages != want {
 		t.Errorf("worker images %+v, want %+v", o.workerImages, want)
+	}
+	if want := []string{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"}; !reflect.DeepEqual(o.permittedGPUs, want) {
+		t.Errorf("permitted GPUs %v, want %v", o.permittedGPUs, want)
 	}
 }
 

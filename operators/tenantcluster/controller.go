@@ -55,6 +55,9 @@ type Reconciler struct {
 	Addons   AddonConfig
 	// WorkerImages is where node groups that name no image find theirs.
 	WorkerImages WorkerImages
+	// PermittedGPUs are the device names the platform's KubeVirt lists
+	// in permittedHostDevices; a group asking for another is held.
+	PermittedGPUs []string
 
 	// applied remembers the generation each child had after the
 	// operator's last apply, so a change by someone else (a new
@@ -124,7 +127,7 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	build := tc
 	if len(held) > 0 {
 		build = tc.DeepCopy()
-		build.Spec.NodeGroups = slices.DeleteFunc(build.Spec.NodeGroups, func(g v1.NodeGroup) bool { return held[g.Name] != "" })
+		build.Spec.NodeGroups = slices.DeleteFunc(build.Spec.NodeGroups, func(g v1.NodeGroup) bool { _, ok := held[g.Name]; return ok })
 	}
 	// The CRD's validation makes build errors unreachable; if one gets
 	// through, retrying will not help (ReconcileFailed says why).
@@ -140,8 +143,10 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 	desired = append(desired, addons...)
 
 	var res ctrl.Result
-	if len(held) > 0 {
-		res.RequeueAfter = workerImageRetry
+	for _, h := range held {
+		if h.Reason == ReasonWorkerImageMissing {
+			res.RequeueAfter = workerImageRetry // someone may push it
+		}
 	}
 	r.announceUpgrade(tc, cp, versions, o)
 	created, err := r.applyAll(ctx, desired, existing)
@@ -419,7 +424,7 @@ func hashObject(u *unstructured.Unstructured) string {
 // prune deletes children that are no longer wanted: the objects of a
 // removed node group or a disabled add-on, and old templates once no
 // MachineDeployment or MachineSet refers to them.
-func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []*unstructured.Unstructured, existing map[objectKey]client.Object, keepAddons bool, held map[string]string) error {
+func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []*unstructured.Unstructured, existing map[objectKey]client.Object, keepAddons bool, held map[string]hold) error {
 	want := map[objectKey]bool{}
 	for _, u := range desired {
 		want[keyOf(u)] = true
@@ -434,8 +439,10 @@ func (r *Reconciler) prune(ctx context.Context, tc *v1.TenantCluster, desired []
 		if keepAddons && obj.GetLabels()[LabelAddon] != "" {
 			continue
 		}
-		if held[obj.GetLabels()[LabelNodeGroup]] != "" {
-			continue // a group waiting for its worker image keeps what it has
+		if g := obj.GetLabels()[LabelNodeGroup]; g != "" {
+			if _, ok := held[g]; ok {
+				continue // a held group keeps what it has
+			}
 		}
 		if key.GVK == gvkCluster || key.GVK == gvkKamaji || key.GVK == gvkKubevirtCluster {
 			continue // only the finalizer removes the cluster itself

@@ -101,7 +101,8 @@ func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderEl
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig(), WorkerImages: images}
+	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig(), WorkerImages: images,
+		PermittedGPUs: []string{"nvidia.com/GA102GL_A10"}}
 	if err := r.SetupWithManager(mgr, 4); err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ const (
 	ReasonNotReady           = "NotReady"
 	ReasonDeleting           = "Deleting"
 	ReasonWorkerImageMissing = "WorkerImageMissing"
+	ReasonGPUNotPermitted    = "GPUNotPermitted"
 )
 
 // computeStatus derives a TenantCluster's status from its children: the
@@ -54,7 +55,7 @@ const (
 // Deployments. It starts from the current status so that unchanged
 // conditions keep their transition times, and changes nothing the
 // children do not say.
-func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string, held map[string]string) v1.TenantClusterStatus {
+func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string, held map[string]hold) v1.TenantClusterStatus {
 	st := *tc.Status.DeepCopy()
 	st.ObservedGeneration = tc.Generation
 	gen := tc.Generation
@@ -115,18 +116,18 @@ type workers struct {
 	// each with why; upgrading is true when one is at another version.
 	behind    []string
 	upgrading bool
-	// noImage says why groups wait for their worker image.
-	noImage []string
+	// held are the groups left as they are, and why.
+	held []hold
 }
 
-func observeWorkers(tc *v1.TenantCluster, o Observed, held map[string]string) workers {
+func observeWorkers(tc *v1.TenantCluster, o Observed, held map[string]hold) workers {
 	var w workers
 	for _, g := range tc.Spec.NodeGroups {
 		md := o.MachineDeployments[g.Name]
 		want := groupDesired(g, md)
 		w.desired += want
-		if why := held[g.Name]; why != "" {
-			w.noImage = append(w.noImage, why)
+		if h, ok := held[g.Name]; ok {
+			w.held = append(w.held, h)
 			if md != nil {
 				w.ready += min(ptr.Deref(md.Status.ReadyReplicas, 0), want)
 				w.upgrading = w.upgrading || md.Spec.Template.Spec.Version != tc.Spec.Version
@@ -154,9 +155,15 @@ func (w workers) condition(tc *v1.TenantCluster) metav1.Condition {
 	switch {
 	case len(tc.Spec.NodeGroups) == 0:
 		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonNoNodeGroups, Message: "the cluster has no node groups"}
-	case len(w.noImage) > 0:
-		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: ReasonWorkerImageMissing,
-			Message: strings.Join(append(w.noImage, w.behind...), "; ")}
+	case len(w.held) > 0:
+		// The first held group (in spec order) gives the reason; the
+		// message says why of each.
+		var msgs []string
+		for _, h := range w.held {
+			msgs = append(msgs, h.Message)
+		}
+		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: w.held[0].Reason,
+			Message: strings.Join(append(msgs, w.behind...), "; ")}
 	case len(w.behind) == 0:
 		return metav1.Condition{Type: v1.ConditionWorkersReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
 			Message: fmt.Sprintf("%d/%d workers ready", w.ready, w.desired)}

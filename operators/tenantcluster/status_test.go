@@ -78,23 +78,32 @@ func TestComputeStatus(t *testing.T) {
 		name  string
 		prior v1.Phase
 		o     func() Observed
-		held  map[string]string
+		held  map[string]hold
 		want  want
 	}{
 		{name: "new group waits for its image", o: func() Observed {
 			o := healthy()
 			delete(o.MachineDeployments, "auto")
 			return o
-		}, held: map[string]string{"auto": "node group auto waits for its worker image"}, want: want{
+		}, held: map[string]hold{"auto": {ReasonWorkerImageMissing, "node group auto waits for its worker image"}}, want: want{
 			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
 			workersC: "False/WorkerImageMissing: node group auto waits for its worker image",
 			add:      "True/Available", ready: "False/NotReady: WorkersReady: node group auto waits",
+		}},
+		{name: "GPU not permitted", o: func() Observed {
+			o := healthy()
+			delete(o.MachineDeployments, "auto")
+			return o
+		}, held: map[string]hold{"auto": {ReasonGPUNotPermitted, "node group auto asks for GPU x"}}, want: want{
+			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
+			workersC: "False/GPUNotPermitted: node group auto asks for GPU x",
+			add:      "True/Available", ready: "False/NotReady",
 		}},
 		{name: "upgrade waits for the new image", prior: v1.PhaseReady, o: func() Observed {
 			o := healthy()
 			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
 			return o
-		}, held: map[string]string{"md0": "node group md0 waits for its worker image"}, want: want{
+		}, held: map[string]hold{"md0": {ReasonWorkerImageMissing, "node group md0 waits for its worker image"}}, want: want{
 			phase: v1.PhaseUpgrading, workers: "5/5", controlPlane: "True/Available",
 			workersC: "False/WorkerImageMissing: node group md0 waits for its worker image",
 			add:      "True/Available", ready: "False/NotReady",

@@ -131,36 +131,31 @@ func (c *imageChecks) check(ctx context.Context, ref string) error {
 	return err
 }
 
-// heldGroups are the node groups whose workers must wait for their disk,
-// each with why: groups that name no image, where the operator has no
-// worker image repository, or whose image the registry does not hold.
+// imageHold holds a group that boots the default image while the
+// registry lacks it for the group's version, or there is no repository.
 // Only a group being created or moved to another version is checked: the
 // disk of one that runs is already known to be there. A check that
 // cannot tell holds nothing (the importer will report the same trouble)
 // but is told as a Warning event.
-func (r *Reconciler) heldGroups(ctx context.Context, tc *v1.TenantCluster, o Observed, v Versions) map[string]string {
-	held := map[string]string{}
-	for _, g := range tc.Spec.NodeGroups {
-		if g.Image.URL != "" || g.Image.Registry != "" {
-			continue
-		}
-		version := v.Group(g.Name)
-		if md := o.MachineDeployments[g.Name]; md != nil && md.Spec.Template.Spec.Version == version {
-			continue
-		}
-		ref := r.WorkerImages.Ref(version)
-		if ref == "" {
-			held[g.Name] = fmt.Sprintf("node group %s names no image and the operator has no worker image repository: "+
-				"set the platform's tenants.workerImage (the rack's registries.mirror sets it) or the group's image", g.Name)
-			continue
-		}
-		switch err := r.imageChecks.check(ctx, ref); {
-		case errors.Is(err, errImageMissing):
-			held[g.Name] = fmt.Sprintf("node group %s waits for its worker image %s, which is not in the registry: "+
-				"build it with `cozyctl tenant image build --version %s` and push it with `cozyctl images mirror`", g.Name, ref, version)
-		case err != nil:
-			r.event(tc, corev1.EventTypeWarning, "WorkerImageUnchecked", "CheckImage", "cannot tell whether worker image %s exists: %v", ref, err)
-		}
+func (r *Reconciler) imageHold(ctx context.Context, tc *v1.TenantCluster, g v1.NodeGroup, o Observed, v Versions) (hold, bool) {
+	if g.Image.URL != "" || g.Image.Registry != "" {
+		return hold{}, false
 	}
-	return held
+	version := v.Group(g.Name)
+	if md := o.MachineDeployments[g.Name]; md != nil && md.Spec.Template.Spec.Version == version {
+		return hold{}, false
+	}
+	ref := r.WorkerImages.Ref(version)
+	if ref == "" {
+		return hold{ReasonWorkerImageMissing, fmt.Sprintf("node group %s names no image and the operator has no worker image repository: "+
+			"set the platform's cozyOperator.workerImage (the rack's registries.mirror sets it) or the group's image", g.Name)}, true
+	}
+	switch err := r.imageChecks.check(ctx, ref); {
+	case errors.Is(err, errImageMissing):
+		return hold{ReasonWorkerImageMissing, fmt.Sprintf("node group %s waits for its worker image %s, which is not in the registry: "+
+			"build it with `cozyctl tenant image build --version %s` and push it with `cozyctl images mirror`", g.Name, ref, version)}, true
+	case err != nil:
+		r.event(tc, corev1.EventTypeWarning, "WorkerImageUnchecked", "CheckImage", "cannot tell whether worker image %s exists: %v", ref, err)
+	}
+	return hold{}, false
 }

@@ -181,7 +181,7 @@ func TestHeldGroups(t *testing.T) {
 				o.MachineDeployments["g"] = tt.md
 			}
 			r := &Reconciler{WorkerImages: tt.images, imageChecks: newImageChecks(tt.images)}
-			got := r.heldGroups(context.Background(), tc, o, tt.v)["g"]
+			got := r.heldGroups(context.Background(), tc, o, tt.v)["g"].Message
 			if (got == "") != (tt.want == "") || !strings.Contains(got, tt.want) {
 				t.Errorf("held: %q, want %q", got, tt.want)
 			}

@@ -37,7 +37,9 @@ func TestKubeVirtFeatureGatesCurrent(t *testing.T) {
 	if len(states) < 10 {
 		t.Fatalf("read only %d feature gates from kubevirt %s: %v", len(states), version, states)
 	}
-	objs, err := mustRender(t, exampleRack(t, "prod")).Objects()
+	// With host devices permitted, so the HostDevices gate they turn on
+	// is checked too, and their shape decodes strictly as KubeVirt's.
+	objs, err := mustRender(t, exampleRack(t, "prod", platformLine, platformLine+gpuValues)).Objects()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +50,12 @@ func TestKubeVirtFeatureGatesCurrent(t *testing.T) {
 		}
 		kv := &kubevirtv1.KubeVirt{}
 		strict(t, o, kv)
+		if d := kv.Spec.Configuration.CommonInstancetypesDeployment; d == nil || d.Enabled == nil || !*d.Enabled {
+			t.Error("the platform's KubeVirt does not deploy the common instance types node groups name")
+		}
+		if p := kv.Spec.Configuration.PermittedHostDevices; p == nil || len(p.PciHostDevices) != 1 || len(p.MediatedDevices) != 1 {
+			t.Errorf("permittedHostDevices %+v, want the values' PCI and mediated device", p)
+		}
 		for _, g := range kv.Spec.Configuration.DeveloperConfiguration.FeatureGates {
 			checked++
 			switch s, ok := states[g]; {
@@ -60,6 +68,11 @@ func TestKubeVirtFeatureGatesCurrent(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("the platform's KubeVirt enables no feature gate")
+	}
+	// GPUs need no gate: GPU is GA in this KubeVirt, and only
+	// permittedHostDevices decides.
+	if s := states["GPU"]; s != "GA" {
+		t.Errorf("feature gate GPU is %q in KubeVirt %s: the platform must turn it on for GPU node groups", s, version)
 	}
 }
 

@@ -320,6 +320,55 @@ func TestWorkerImageFromMirror(t *testing.T) {
 	}
 }
 
+// gpuValues permit two GPUs to tenants' VMs.
+const gpuValues = `  values:
+    kubevirt:
+      permittedHostDevices:
+        pciHostDevices:
+          - {pciVendorSelector: "10de:2236", resourceName: nvidia.com/GA102GL_A10}
+        mediatedDevices:
+          - {mdevNameSelector: GRID T4-1Q, resourceName: nvidia.com/GRID_T4-1Q}
+`
+
+// The platform's kubevirt.permittedHostDevices reach KubeVirt (with the
+// HostDevices gate) and cozy-operator (as the GPUs it lets node groups
+// ask for); without them, neither gets any.
+func TestPermittedHostDevices(t *testing.T) {
+	read := func(t *testing.T, r *rack.Rack) (kv map[string]any, gpus any) {
+		t.Helper()
+		objs, err := mustRender(t, r).Objects()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			switch {
+			case o.GetKind() == "KubeVirt":
+				kv, _, _ = unstructured.NestedMap(o.Object, "spec", "configuration")
+			case o.GetKind() == "HelmRelease" && o.GetName() == "cozy-operator":
+				gpus, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "permittedGPUs")
+			}
+		}
+		return kv, gpus
+	}
+	kv, gpus := read(t, exampleRack(t, "prod"))
+	if kv["permittedHostDevices"] != nil || gpus != nil || slices.Contains(kvGates(kv), "HostDevices") {
+		t.Errorf("without values: KubeVirt %v, operator GPUs %v", kv, gpus)
+	}
+	kv, gpus = read(t, exampleRack(t, "prod", platformLine, platformLine+gpuValues))
+	if want := []any{"nvidia.com/GA102GL_A10", "nvidia.com/GRID_T4-1Q"}; !reflect.DeepEqual(gpus, want) {
+		t.Errorf("operator GPUs %v, want %v", gpus, want)
+	}
+	pci, _, _ := unstructured.NestedSlice(kv, "permittedHostDevices", "pciHostDevices")
+	if len(pci) != 1 || !slices.Contains(kvGates(kv), "HostDevices") || !slices.Contains(kvGates(kv), "Snapshot") {
+		t.Errorf("KubeVirt configuration %v: want the PCI device and the HostDevices gate beside the others", kv)
+	}
+}
+
+func kvGates(configuration map[string]any) []string {
+	gates, _, _ := unstructured.NestedStringSlice(configuration, "developerConfiguration", "featureGates")
+	return gates
+}
+
 // Components switch off one by one: an off component has no
 // Kustomization and no folder, and the components ConfigMap says off; a
 // component cannot be off while one that depends on it is on; names and

@@ -63,6 +63,9 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"negative progress deadline", with("flux.progressDeadlineSeconds", -1), []string{"/flux/progressDeadlineSeconds", "minimum"}},
 		{"feature gate spelling", with("kubevirt.featureGates", []any{"live-migration"}), []string{"/kubevirt/featureGates/0"}},
 		{"emulation not a boolean", with("kubevirt.useEmulation", "yes"), []string{"/kubevirt/useEmulation", "want boolean"}},
+		{"PCI device without its vendor selector", with("kubevirt.permittedHostDevices", map[string]any{"pciHostDevices": []any{map[string]any{"resourceName": "nvidia.com/A10"}}}), []string{"/kubevirt/permittedHostDevices/pciHostDevices/0", "missing property 'pciVendorSelector'"}},
+		{"PCI device resource without a vendor", with("kubevirt.permittedHostDevices", map[string]any{"pciHostDevices": []any{map[string]any{"pciVendorSelector": "10de:2236", "resourceName": "A10"}}}), []string{"/kubevirt/permittedHostDevices/pciHostDevices/0/resourceName"}},
+		{"USB devices (not offered)", with("kubevirt.permittedHostDevices", map[string]any{"usb": []any{}}), []string{"additional properties 'usb' not allowed"}},
 		{"worker image with a tag", with("cozyOperator.workerImage", map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}), []string{"/cozyOperator/workerImage/repository"}},
 		{"worker image without a host", with("cozyOperator.workerImage", map[string]any{"repository": "tenant-worker"}), []string{"/cozyOperator/workerImage/repository"}},
 	} {
@@ -101,6 +104,7 @@ func TestOperatorSchemaRejects(t *testing.T) {
 			"sourceRef": map[string]any{"namespace": "Cozy_Addons"}}}}}, []string{"/addons/charts/metrics-server/sourceRef/namespace"}},
 		{"chart for an unknown add-on", map[string]any{"addons": map[string]any{"charts": map[string]any{"calico": map[string]any{}}}}, []string{"additional properties 'calico' not allowed"}},
 		{"unknown add-on image", map[string]any{"addons": map[string]any{"images": map[string]any{"cilium": "x"}}}, []string{"additional properties 'cilium' not allowed"}},
+		{"permitted GPU not a resource name", map[string]any{"permittedGPUs": []any{"A10"}}, []string{"/permittedGPUs/0"}},
 		{"worker image with a tag", map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}}, []string{"/workerImage/repository"}},
 		{"worker image insecure not a boolean", map[string]any{"workerImage": map[string]any{"insecure": "yes"}}, []string{"/workerImage/insecure"}},
 	} {
