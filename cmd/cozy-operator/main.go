@@ -48,6 +48,7 @@ type options struct {
 	addons        tenantcluster.AddonConfig
 	workerImages  tenantcluster.WorkerImages
 	permittedGPUs []string
+	loadBalancer  bool
 }
 
 // parse reads the flags (the chart's Deployment passes them; a test
@@ -85,6 +86,7 @@ func parse(args []string) (*options, error) {
 		o.permittedGPUs = append(o.permittedGPUs, s)
 		return nil
 	})
+	fs.BoolVar(&o.loadBalancer, "load-balancer", true, "Services of type LoadBalancer get an address in this cluster (false: the platform has no load-balancer pool, and TenantClusters exposed so say why they wait)")
 	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -153,7 +155,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons, WorkerImages: o.workerImages, PermittedGPUs: o.permittedGPUs}
+	r := &tenantcluster.Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: o.addons, WorkerImages: o.workerImages, PermittedGPUs: o.permittedGPUs, NoLoadBalancer: !o.loadBalancer}
 	if err := r.SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}

@@ -66,13 +66,14 @@ func TestChartArgsParse(t *testing.T) {
 	if o.workerImages != (tenantcluster.WorkerImages{}) {
 		t.Errorf("worker images %+v without the chart's workerImage", o.workerImages)
 	}
-	if o.permittedGPUs != nil {
-		t.Errorf("permitted GPUs %v by default, want none", o.permittedGPUs)
+	if o.permittedGPUs != nil || !o.loadBalancer {
+		t.Errorf("by default: permitted GPUs %v (want none), load balancer %v (want true)", o.permittedGPUs, o.loadBalancer)
 	}
 
 	o, err = parse(chartArgs(t, map[string]any{
 		"workerImage":   map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true},
 		"permittedGPUs": []any{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"},
+		"loadBalancer":  false,
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +83,9 @@ func TestChartArgsParse(t *testing.T) {
 	}
 	if want := []string{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"}; !reflect.DeepEqual(o.permittedGPUs, want) {
 		t.Errorf("permitted GPUs %v, want %v", o.permittedGPUs, want)
+	}
+	if o.loadBalancer {
+		t.Error("loadBalancer: false did not reach the operator")
 	}
 }
 

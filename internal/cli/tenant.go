@@ -8,6 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -54,7 +56,19 @@ type tenantTable struct {
 }
 
 func (t tenantTable) Header() []string {
-	return []string{"NAMESPACE", "NAME", "VERSION", "PHASE", "WORKERS", "ENDPOINT", "AGE"}
+	return []string{"NAMESPACE", "NAME", "VERSION", "PHASE", "WORKERS", "ENDPOINT", "WAITING", "AGE"}
+}
+
+// waiting is what a cluster that is not ready waits on: the first of its
+// conditions that is not true, as CONDITION/Reason ("-" when none). The
+// condition's message (-o json, kubectl describe) says what to do.
+func waiting(tc v1.TenantCluster) string {
+	for _, typ := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady, v1.ConditionAddonsReady} {
+		if c := apimeta.FindStatusCondition(tc.Status.Conditions, typ); c != nil && c.Status != metav1.ConditionTrue {
+			return typ + "/" + c.Reason
+		}
+	}
+	return "-"
 }
 
 func (t tenantTable) Rows() [][]string {
@@ -62,7 +76,7 @@ func (t tenantTable) Rows() [][]string {
 	for _, tc := range t.Items {
 		rows = append(rows, []string{
 			tc.Namespace, tc.Name, tc.Spec.Version, cmp.Or(string(tc.Status.Phase), "-"),
-			cmp.Or(tc.Status.Workers, "-"), cmp.Or(tc.Status.Endpoint, "-"),
+			cmp.Or(tc.Status.Workers, "-"), cmp.Or(tc.Status.Endpoint, "-"), waiting(tc),
 			duration.HumanDuration(t.now.Sub(tc.CreationTimestamp.Time)),
 		})
 	}

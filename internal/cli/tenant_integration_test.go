@@ -59,7 +59,14 @@ func TestTenantCommands(t *testing.T) {
 		return tc
 	}
 	acme := newTC("tenant-a", "acme")
-	newTC("tenant-b", "globex")
+	globex := newTC("tenant-b", "globex")
+	globex.Status = v1.TenantClusterStatus{Phase: v1.PhaseProvisioning, Workers: "0/1", Conditions: []metav1.Condition{
+		{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: "NoLoadBalancer", Message: "no pool", LastTransitionTime: metav1.Now()},
+		{Type: v1.ConditionWorkersReady, Status: metav1.ConditionFalse, Reason: "WorkerImageMissing", Message: "no image", LastTransitionTime: metav1.Now()},
+	}}
+	if err := c.Status().Update(ctx, globex); err != nil {
+		t.Fatal(err)
+	}
 	acme.Status = v1.TenantClusterStatus{Phase: v1.PhaseReady, Workers: "2/2", Endpoint: "https://10.0.0.5:6443",
 		KubeconfigSecretRef: &corev1.LocalObjectReference{Name: "acme-admin"}}
 	if err := c.Status().Update(ctx, acme); err != nil {
@@ -83,11 +90,13 @@ func TestTenantCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(strings.Fields(out), " "), "tenant-a acme v1.36.3 Ready 2/2 https://10.0.0.5:6443") {
+	fields := strings.Join(strings.Fields(out), " ")
+	if !strings.Contains(fields, "tenant-a acme v1.36.3 Ready 2/2 https://10.0.0.5:6443 - ") {
 		t.Errorf("tenant list -A:\n%s", out)
 	}
-	if !strings.Contains(out, "globex") {
-		t.Errorf("tenant list -A misses tenant-b/globex:\n%s", out)
+	// A cluster that waits says on what: its first condition not true.
+	if !strings.Contains(fields, "tenant-b globex v1.36.3 Provisioning 0/1 - ControlPlaneReady/NoLoadBalancer ") {
+		t.Errorf("tenant list -A, tenant-b/globex:\n%s", out)
 	}
 	out, err = run("tenant", "list", "-n", "tenant-b", "-o", "json")
 	if err != nil {
@@ -103,7 +112,7 @@ func TestTenantCommands(t *testing.T) {
 		want, err string
 	}{
 		{args: []string{"tenant", "kubeconfig", "acme", "-n", "tenant-a"}, want: "# acme"},
-		{args: []string{"tenant", "kubeconfig", "globex", "-n", "tenant-b"}, err: "TenantCluster tenant-b/globex has no kubeconfig yet (phase unknown): the Secret globex-kubeconfig appears once its control plane is up"},
+		{args: []string{"tenant", "kubeconfig", "globex", "-n", "tenant-b"}, err: "TenantCluster tenant-b/globex has no kubeconfig yet (phase Provisioning): the Secret globex-kubeconfig appears once its control plane is up"},
 		{args: []string{"tenant", "kubeconfig", "nope", "-n", "tenant-a"}, err: "no TenantCluster nope in namespace tenant-a"},
 	}
 	for _, tt := range tests {

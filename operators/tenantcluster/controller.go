@@ -55,6 +55,10 @@ type Reconciler struct {
 	Addons   AddonConfig
 	// WorkerImages is where node groups that name no image find theirs.
 	WorkerImages WorkerImages
+	// NoLoadBalancer says that Services of type LoadBalancer get no
+	// address here (the platform has no pool): a TenantCluster exposed
+	// so says why its control plane waits.
+	NoLoadBalancer bool
 	// PermittedGPUs are the device names the platform's KubeVirt lists
 	// in permittedHostDevices; a group asking for another is held.
 	PermittedGPUs []string
@@ -165,7 +169,7 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 		// TenantCluster back.
 		return res, nil
 	}
-	return res, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc), held))
+	return res, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc), platformFacts{Held: held, NoLoadBalancer: r.NoLoadBalancer}))
 }
 
 // applyParallelism bounds the applies one reconcile has in flight. The

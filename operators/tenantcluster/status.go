@@ -17,6 +17,15 @@ import (
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 
+// platformFacts is what the status reads besides the children: what the
+// operator held back, and what the platform cannot give.
+type platformFacts struct {
+	Held map[string]hold
+	// NoLoadBalancer: Services of type LoadBalancer get no address in
+	// this cluster (the platform has no load-balancer pool).
+	NoLoadBalancer bool
+}
+
 // Observed is what the controller read of a TenantCluster's children.
 type Observed struct {
 	Cluster      *clusterv1.Cluster
@@ -47,6 +56,7 @@ const (
 	ReasonDeleting           = "Deleting"
 	ReasonWorkerImageMissing = "WorkerImageMissing"
 	ReasonGPUNotPermitted    = "GPUNotPermitted"
+	ReasonNoLoadBalancer     = "NoLoadBalancer"
 )
 
 // computeStatus derives a TenantCluster's status from its children: the
@@ -55,7 +65,7 @@ const (
 // Deployments. It starts from the current status so that unchanged
 // conditions keep their transition times, and changes nothing the
 // children do not say.
-func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string, held map[string]hold) v1.TenantClusterStatus {
+func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string, p platformFacts) v1.TenantClusterStatus {
 	st := *tc.Status.DeepCopy()
 	st.ObservedGeneration = tc.Generation
 	gen := tc.Generation
@@ -76,8 +86,8 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 		st.KubeconfigSecretRef = nil
 	}
 
-	set(controlPlaneCondition(tc, o, v, cp))
-	workers := observeWorkers(tc, o, held)
+	set(controlPlaneCondition(tc, o, v, cp, p.NoLoadBalancer))
+	workers := observeWorkers(tc, o, p.Held)
 	st.ReadyWorkers, st.DesiredWorkers = workers.ready, workers.desired
 	st.Workers = fmt.Sprintf("%d/%d", workers.ready, workers.desired)
 	set(workers.condition(tc))
@@ -90,7 +100,7 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 
 // controlPlaneCondition is ControlPlaneReady: the Kamaji control plane
 // ready at the TenantCluster's version, upgrading to it, or why not.
-func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp controlPlaneState) metav1.Condition {
+func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp controlPlaneState, noLoadBalancer bool) metav1.Condition {
 	switch {
 	case cp.Ready && cp.Status == tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
@@ -98,6 +108,12 @@ func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp cont
 	case cp.Status != "" && cp.Status != tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
 			Message: upgradeMessage(cp, v, tc.Spec.Version)}
+	case noLoadBalancer && tc.Spec.ControlPlane.Expose.Type == v1.ExposeLoadBalancer && !cp.Initialized:
+		// Kamaji would wait for the Service's address for ever.
+		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonNoLoadBalancer,
+			Message: "the API server is exposed as a LoadBalancer Service (the default), and the platform has no load-balancer pool " +
+				"(the rack's platform.loadBalancerPool), so it gets no address: add a pool, or set controlPlane.expose.type " +
+				"to ClusterIP (reachable from the management cluster and its VMs only) or Ingress"}
 	}
 	reason, msg := ReasonProvisioning, "waiting for the Kamaji control plane to become ready"
 	if cp.Initialized {

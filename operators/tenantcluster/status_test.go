@@ -21,6 +21,8 @@ func statusCluster() *v1.TenantCluster {
 		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenant-acme", Generation: 3},
 		Spec: v1.TenantClusterSpec{
 			Version: "v1.37.0",
+			// As the API server defaults it.
+			ControlPlane: v1.ControlPlane{Expose: v1.Expose{Type: v1.ExposeLoadBalancer}},
 			NodeGroups: []v1.NodeGroup{
 				{Name: "md0", Replicas: ptr.To[int32](3)},
 				{Name: "auto", MinReplicas: ptr.To[int32](1), MaxReplicas: ptr.To[int32](5)},
@@ -79,6 +81,8 @@ func TestComputeStatus(t *testing.T) {
 		prior v1.Phase
 		o     func() Observed
 		held  map[string]hold
+		noLB  bool
+		edit  func(*v1.TenantCluster)
 		want  want
 	}{
 		{name: "new group waits for its image", o: func() Observed {
@@ -89,6 +93,19 @@ func TestComputeStatus(t *testing.T) {
 			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
 			workersC: "False/WorkerImageMissing: node group auto waits for its worker image",
 			add:      "True/Available", ready: "False/NotReady: WorkersReady: node group auto waits",
+		}},
+		{name: "no load balancer", noLB: true, o: func() Observed { return Observed{} }, want: want{
+			phase: v1.PhaseProvisioning, workers: "0/4",
+			controlPlane: "False/NoLoadBalancer: the API server is exposed as a LoadBalancer Service (the default), and the platform has no load-balancer pool",
+			workersC:     "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady: ControlPlaneReady: the API server is exposed as a LoadBalancer",
+		}},
+		{name: "no load balancer, exposed as ClusterIP", noLB: true, o: func() Observed { return Observed{} },
+			edit: func(tc *v1.TenantCluster) { tc.Spec.ControlPlane.Expose.Type = v1.ExposeClusterIP }, want: want{
+				phase: v1.PhaseProvisioning, workers: "0/4", controlPlane: "False/Provisioning: waiting for the Kamaji control plane",
+				workersC: "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady",
+			}},
+		{name: "no load balancer, initialised", noLB: true, o: healthy, want: want{
+			phase: v1.PhaseReady, workers: "5/5", controlPlane: "True/Available", workersC: "True/Available", add: "True/Available", ready: "True/Available",
 		}},
 		{name: "GPU not permitted", o: func() Observed {
 			o := healthy()
@@ -167,8 +184,11 @@ func TestComputeStatus(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tc := statusCluster()
 			tc.Status.Phase = tt.prior
+			if tt.edit != nil {
+				tt.edit(tc)
+			}
 			o := tt.o()
-			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc), tt.held)
+			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc), platformFacts{Held: tt.held, NoLoadBalancer: tt.noLB})
 			if st.Phase != tt.want.phase || st.Workers != tt.want.workers || st.ObservedGeneration != 3 {
 				t.Errorf("phase %s workers %s generation %d; want %s %s 3", st.Phase, st.Workers, st.ObservedGeneration, tt.want.phase, tt.want.workers)
 			}
@@ -200,11 +220,11 @@ func TestComputeStatusKeepsTransitionTimes(t *testing.T) {
 	tc := statusCluster()
 	o := healthy()
 	v := plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments)
-	tc.Status = computeStatus(tc, o, v, EnabledAddons(tc), nil)
+	tc.Status = computeStatus(tc, o, v, EnabledAddons(tc), platformFacts{})
 	for i := range tc.Status.Conditions {
 		tc.Status.Conditions[i].LastTransitionTime = metav1.NewTime(time.Unix(1000, 0))
 	}
-	again := computeStatus(tc, o, v, EnabledAddons(tc), nil)
+	again := computeStatus(tc, o, v, EnabledAddons(tc), platformFacts{})
 	for _, c := range again.Conditions {
 		if !c.LastTransitionTime.Equal(&metav1.Time{Time: time.Unix(1000, 0)}) {
 			t.Errorf("%s: transition time moved to %v", c.Type, c.LastTransitionTime)

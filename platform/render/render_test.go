@@ -320,6 +320,37 @@ func TestWorkerImageFromMirror(t *testing.T) {
 	}
 }
 
+// cozy-operator hears whether LoadBalancer Services get addresses: only
+// with a load-balancer pool and MetalLB's pool component on.
+func TestOperatorLoadBalancer(t *testing.T) {
+	const pool = "  loadBalancerPool: [192.168.100.200-192.168.100.250]\n"
+	for _, tt := range []struct {
+		name  string
+		edits []string
+		want  bool
+	}{
+		{"pool", nil, true},
+		{"no pool", []string{pool, ""}, false},
+		{"pool component off", []string{platformLine, platformLine + "  components:\n    metallb-pool: {enabled: false}\n"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs, err := mustRender(t, exampleRack(t, "prod", tt.edits...)).Objects()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got any
+			for _, o := range objs {
+				if o.GetKind() == "HelmRelease" && o.GetName() == "cozy-operator" {
+					got, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "loadBalancer")
+				}
+			}
+			if got != tt.want {
+				t.Errorf("cozy-operator loadBalancer %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
 // gpuValues permit two GPUs to tenants' VMs.
 const gpuValues = `  values:
     kubevirt:
