@@ -69,6 +69,22 @@ func healthy() Observed {
 	}
 }
 
+// withoutAuto is healthy but for group auto, not created yet.
+func withoutAuto() Observed {
+	o := healthy()
+	delete(o.MachineDeployments, "auto")
+	return o
+}
+
+// withMD0 is healthy but for group md0's MachineDeployment.
+func withMD0(md *clusterv1.MachineDeployment) func() Observed {
+	return func() Observed {
+		o := healthy()
+		o.MachineDeployments["md0"] = md
+		return o
+	}
+}
+
 func TestComputeStatus(t *testing.T) {
 	type want struct {
 		phase                       v1.Phase
@@ -85,11 +101,7 @@ func TestComputeStatus(t *testing.T) {
 		edit  func(*v1.TenantCluster)
 		want  want
 	}{
-		{name: "new group waits for its image", o: func() Observed {
-			o := healthy()
-			delete(o.MachineDeployments, "auto")
-			return o
-		}, held: map[string]hold{"auto": {ReasonWorkerImageMissing, "node group auto waits for its worker image"}}, want: want{
+		{name: "new group waits for its image", o: withoutAuto, held: map[string]hold{"auto": {ReasonWorkerImageMissing, "node group auto waits for its worker image"}}, want: want{
 			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
 			workersC: "False/WorkerImageMissing: node group auto waits for its worker image",
 			add:      "True/Available", ready: "False/NotReady: WorkersReady: node group auto waits",
@@ -107,20 +119,12 @@ func TestComputeStatus(t *testing.T) {
 		{name: "no load balancer, initialised", noLB: true, o: healthy, want: want{
 			phase: v1.PhaseReady, workers: "5/5", controlPlane: "True/Available", workersC: "True/Available", add: "True/Available", ready: "True/Available",
 		}},
-		{name: "GPU not permitted", o: func() Observed {
-			o := healthy()
-			delete(o.MachineDeployments, "auto")
-			return o
-		}, held: map[string]hold{"auto": {ReasonGPUNotPermitted, "node group auto asks for GPU x"}}, want: want{
+		{name: "GPU not permitted", o: withoutAuto, held: map[string]hold{"auto": {ReasonGPUNotPermitted, "node group auto asks for GPU x"}}, want: want{
 			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
 			workersC: "False/GPUNotPermitted: node group auto asks for GPU x",
 			add:      "True/Available", ready: "False/NotReady",
 		}},
-		{name: "upgrade waits for the new image", prior: v1.PhaseReady, o: func() Observed {
-			o := healthy()
-			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
-			return o
-		}, held: map[string]hold{"md0": {ReasonWorkerImageMissing, "node group md0 waits for its worker image"}}, want: want{
+		{name: "upgrade waits for the new image", prior: v1.PhaseReady, o: withMD0(readyMD("v1.36.2", 3, 3)), held: map[string]hold{"md0": {ReasonWorkerImageMissing, "node group md0 waits for its worker image"}}, want: want{
 			phase: v1.PhaseUpgrading, workers: "5/5", controlPlane: "True/Available",
 			workersC: "False/WorkerImageMissing: node group md0 waits for its worker image",
 			add:      "True/Available", ready: "False/NotReady",
@@ -147,11 +151,7 @@ func TestComputeStatus(t *testing.T) {
 			workersC:     "False/Upgrading: node groups not yet at v1.37.0: md0 (at v1.36.2), auto (at v1.36.2)",
 			add:          "True/Available", ready: "False/NotReady",
 		}},
-		{name: "a worker lost after being ready", prior: v1.PhaseReady, o: func() Observed {
-			o := healthy()
-			o.MachineDeployments["md0"] = readyMD("v1.37.0", 2, 3)
-			return o
-		}, want: want{
+		{name: "a worker lost after being ready", prior: v1.PhaseReady, o: withMD0(readyMD("v1.37.0", 2, 3)), want: want{
 			phase: v1.PhaseDegraded, workers: "4/5", controlPlane: "True/Available",
 			workersC: "False/Scaling: 4/5 workers ready; waiting for md0 (2/3 ready)", add: "True/Available", ready: "False/NotReady: WorkersReady",
 		}},
