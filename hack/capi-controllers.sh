@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Cluster API core manager from the Go module proxy (no release
-# images or binaries are reachable here) for the tenant operator's
-# integration test, and prints the directory that holds it (use it as
-# COZY_CAPI_BIN).
+# Builds the Cluster API core manager and the kubeadm bootstrap provider's
+# manager from the Go module proxy (no release images or binaries are
+# reachable here) for the tenant integration tests, and prints the
+# directory that holds them (use it as COZY_CAPI_BIN).
 #
 #   hack/capi-controllers.sh
 #
@@ -24,7 +24,7 @@ cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 out="$cache_root/capi/$version"
 
 runs() { [[ -x "$out/$1" ]] && "$out/$1" --help >/dev/null 2>&1; }
-if runs cluster-api-manager; then
+if runs cluster-api-manager && runs kubeadm-bootstrap-manager; then
 	echo "$out"
 	exit 0
 fi
@@ -37,7 +37,7 @@ log() { echo "capi-controllers: $*" >&2; }
 
 mod="$work/cluster-api"
 mkdir -p "$mod"
-log "building the Cluster API core manager $version (a few minutes cold on 2 cores)"
+log "building the Cluster API core and kubeadm bootstrap managers $version (a few minutes cold on 2 cores)"
 gomod="$(cd "$mod" && printf 'module x\n' >go.mod && go mod download -json "$module@$version" |
 	sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
 [[ -f "$gomod" ]] || { log "cannot download $module@$version"; exit 1; }
@@ -59,12 +59,17 @@ gomod="$(cd "$mod" && printf 'module x\n' >go.mod && go mod download -json "$mod
 			"replace \(.Old.Path)\(if .Old.Version then " " + .Old.Version else "" end) => \(.New.Path) \(.New.Version)"'
 	echo "replace $module/api => $module/api $version"
 } >"$mod/go.mod"
-# The core manager is the main package in core/ of the root module.
-printf '//go:build tools\n\npackage tools\n\nimport _ "%s/core"\n' "$module" >"$mod/tools.go"
+# The managers are the main packages in core/ and bootstrap/kubeadm/ of
+# the root module: one module, one go build, one build cache.
+printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/core"\n\t_ "%s/bootstrap/kubeadm"\n)\n' "$module" "$module" >"$mod/tools.go"
 (cd "$mod" && go mod tidy -e >&2)
-(cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$work/cluster-api-manager.bin" "$module/core" >&2)
-install -m 0755 "$work/cluster-api-manager.bin" "$out/.cluster-api-manager.tmp"
+mkdir -p "$work/bin"
+(cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$work/bin/" "$module/core" "$module/bootstrap/kubeadm" >&2)
+install -m 0755 "$work/bin/core" "$out/.cluster-api-manager.tmp"
+install -m 0755 "$work/bin/kubeadm" "$out/.kubeadm-bootstrap-manager.tmp"
 mv -f "$out/.cluster-api-manager.tmp" "$out/cluster-api-manager"
+mv -f "$out/.kubeadm-bootstrap-manager.tmp" "$out/kubeadm-bootstrap-manager"
 
 runs cluster-api-manager || { log "built manager in $out does not run"; exit 1; }
+runs kubeadm-bootstrap-manager || { log "built kubeadm bootstrap manager in $out does not run"; exit 1; }
 echo "$out"

@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"cozy.dev/cozy/images"
 	"cozy.dev/cozy/images/registry"
@@ -27,6 +28,7 @@ import (
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/tenant/workerimage"
 )
 
@@ -40,15 +42,18 @@ const (
 )
 
 // TestWorkerJoinsWithKubeadm builds Cozy's worker image twice (the same
-// digest both times), then boots it under TCG with a NoCloud seed made
-// from what the Cluster API kubeadm bootstrap provider v1.14.2 renders
-// for a worker (tenant/cloudinit's testdata), against a control plane of
-// real processes set up by kubeadm's own phases, as Kamaji does for a
-// tenant: PKI, the kubeadm and kubelet ConfigMaps, the bootstrap token
-// and cluster-info. The VM's `kubeadm join` must pass its preflight
-// checks, its kubelet must TLS-bootstrap, and the Node must register with
-// the version of the image. Everything runs in a network namespace of its
-// own; the VM reaches the API server through QEMU's user network.
+// digest both times) and pushes it into Cozy's registry, where
+// cozy-operator's machine template for a node group points. Against a
+// control plane of real processes set up by kubeadm's own phases, as
+// Kamaji does for a tenant (PKI, the kubeadm and kubelet ConfigMaps,
+// cluster-info), the real Cluster API kubeadm bootstrap provider renders
+// the user-data of a worker Machine whose KubeadmConfig is cloned from
+// the operator's template, and the image boots under TCG with that
+// user-data on its NoCloud disk. The VM's `kubeadm join` must pass its
+// preflight checks, its kubelet must TLS-bootstrap, and the Node must
+// register with the version of the image and the group's label.
+// Everything runs in a network namespace of its own; the VM reaches the
+// API server through QEMU's user network.
 func TestWorkerJoinsWithKubeadm(t *testing.T) {
 	for _, tool := range []string{"qemu-system-x86_64", "xorriso", "qemu-img"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -81,15 +86,30 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 		t.Fatalf("two builds differ:\n%s\n%s", idx0, idx1)
 	}
 	t.Logf("two builds, one index: %s", idx0)
-	mirrorIntoRegistry(ctx, t, layouts[0])
+	target := mirrorIntoRegistry(ctx, t, layouts[0])
 	disk := filepath.Join(layouts[0], "disk", workerimage.DiskName(version))
+
+	// The operator's default disk for the group is the image just pushed.
+	repo := strings.TrimSuffix(target, ":"+version)
+	group := desiredGroup(t, tenantcluster.WorkerImages{Repository: repo, Insecure: true})
+	dvts, _, _ := unstructured.NestedSlice(group.MachineTemplate.Object, "spec", "template", "spec", "virtualMachineTemplate", "spec", "dataVolumeTemplates")
+	if len(dvts) != 1 {
+		t.Fatalf("the operator's machine template has %d data volumes", len(dvts))
+	}
+	if url, _, _ := unstructured.NestedString(dvts[0].(map[string]any), "spec", "source", "registry", "url"); url != "docker://"+target {
+		t.Errorf("the operator's machine template imports %q, want the pushed image docker://%s", url, target)
+	}
 
 	ns := netnstest.New(t, "worker")
 	ns.IP(t, "addr", "add", apiAddr+"/32", "dev", "lo")
 	dir := t.TempDir()
 	superAdmin := controlPlane(ctx, t, ns, assets, dir)
 
-	seed := nocloudSeed(t, dir, caHash(t, filepath.Join(dir, "pki", "ca.crt")))
+	userData := bootstrapUserData(ctx, t, ns, dir, superAdmin, group.BootstrapTemplate)
+	if hash := caHash(t, filepath.Join(dir, "pki", "ca.crt")); !strings.Contains(userData, hash) {
+		t.Errorf("the provider's user-data does not name the CA hash %s", hash)
+	}
+	seed := nocloudSeed(t, dir, userData)
 	serial := filepath.Join(dir, "serial.log")
 	var qemuOut syncbuf.Buffer
 	qemu := ns.Command(ctx, "qemu-system-x86_64", "-accel", "tcg", "-machine", "pc", "-cpu", "max",
@@ -136,14 +156,13 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 		return nil
 	})
 	t.Logf("Node %s registered %v after the VM started: kubelet, tenant label, runtime, kernel: %s", node, time.Since(start).Round(time.Second), info)
-	if f := strings.Fields(info); len(f) < 2 || f[0] != version || f[1] != "acme" {
-		t.Errorf("Node %s: %q, want kubelet %s and the join configuration's label cozy.dev/tenant=acme", node, info, version)
+	if f := strings.Fields(info); len(f) < 2 || f[0] != version || f[1] != cluster {
+		t.Errorf("Node %s: %q, want kubelet %s and the node group's label cozy.dev/tenant=%s", node, info, version, cluster)
 	}
-	// kubeadm join ends with its success line, then the sentinel command
-	// and the post-kubeadm command run.
+	// kubeadm join ends with its success line, then the agent reports.
 	poll.Until(t, ctx, 2*time.Second, "kubeadm join's success in the serial log", func() error {
 		log, _ := os.ReadFile(serial)
-		for _, want := range []string{"This node has joined the cluster", "cozy-worker: runcmd 2: echo post", "cozy-worker: seed applied"} {
+		for _, want := range []string{"This node has joined the cluster", "cozy-worker: seed applied"} {
 			if !strings.Contains(string(log), want) {
 				return fmt.Errorf("no %q yet", want)
 			}
@@ -292,28 +311,16 @@ func caHash(t *testing.T, caFile string) string {
 }
 
 // nocloudSeed makes the seed KubeVirt would attach: an ISO 9660 volume
-// labelled cidata with meta-data and, as user-data, the Cluster API
-// kubeadm bootstrap provider's rendering with this control plane's
-// endpoint, token and CA hash.
-func nocloudSeed(t *testing.T, dir, hash string) string {
+// labelled cidata with meta-data (CAPK names the VM, and so the host,
+// after the Machine) and the user-data.
+func nocloudSeed(t *testing.T, dir, userData string) string {
 	t.Helper()
-	ud, err := os.ReadFile("../cloudinit/testdata/capi-v1.14.2-node.user-data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	userData := strings.NewReplacer(
-		"10.0.0.1:6443", apiAddr+":6443",
-		"sha256:0000000000000000000000000000000000000000000000000000000000000000", hash,
-	).Replace(string(ud))
-	if !strings.Contains(userData, hash) || !strings.Contains(userData, token) {
-		t.Fatal("the user-data fixture changed: no CA hash or token to replace")
-	}
 	src := filepath.Join(dir, "seed")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(src, "user-data"), []byte(userData), 0o600)
-	os.WriteFile(filepath.Join(src, "meta-data"), []byte("instance-id: "+node+".tenant-acme\nlocal-hostname: "+node+"\n"), 0o600)
+	os.WriteFile(filepath.Join(src, "meta-data"), []byte("instance-id: "+node+"."+namespace+"\nlocal-hostname: "+node+"\n"), 0o600)
 	iso := filepath.Join(dir, "seed.iso")
 	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-o", iso, "-V", "cidata", "-J", "-r", src).CombinedOutput(); err != nil {
 		t.Fatalf("xorriso: %v\n%s", err, out)
@@ -331,8 +338,9 @@ func tail(s string, n int) string {
 
 // mirrorIntoRegistry pushes the layout as `cozyctl images mirror --from
 // DIR` does (all of a layout, without a rack) into Cozy's registry on
-// loopback, and reads the image back by its manifest digest.
-func mirrorIntoRegistry(ctx context.Context, t *testing.T, layout string) {
+// loopback, reads the image back by its manifest digest, and returns its
+// name in the registry.
+func mirrorIntoRegistry(ctx context.Context, t *testing.T, layout string) string {
 	t.Helper()
 	reg, err := registry.Listen("127.0.0.1:0", t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -360,4 +368,5 @@ func mirrorIntoRegistry(ctx context.Context, t *testing.T, layout string) {
 		t.Fatalf("pull %s: %v, %v; want %s", rs[0].Target, desc, err, rs[0].Digest)
 	}
 	t.Logf("mirrored as %s@%s", rs[0].Target, rs[0].Digest)
+	return rs[0].Target
 }

@@ -30,15 +30,21 @@ import (
 // CAPIManager returns the Cluster API core manager that
 // hack/capi-controllers.sh built, from COZY_CAPI_BIN. When it is unset or
 // holds no manager the test fails under CI=true and skips elsewhere.
-func CAPIManager(t testing.TB) string {
+func CAPIManager(t testing.TB) string { return capiBinary(t, "cluster-api-manager") }
+
+// KubeadmBootstrapManager returns the Cluster API kubeadm bootstrap
+// provider's manager that hack/capi-controllers.sh built, as CAPIManager.
+func KubeadmBootstrapManager(t testing.TB) string { return capiBinary(t, "kubeadm-bootstrap-manager") }
+
+func capiBinary(t testing.TB, name string) string {
 	t.Helper()
 	dir := os.Getenv("COZY_CAPI_BIN")
 	if dir == "" {
 		prereq.Missing(t, "COZY_CAPI_BIN is not set; run `make test`, or export COZY_CAPI_BIN=$(hack/capi-controllers.sh)")
 	}
-	bin := filepath.Join(dir, "cluster-api-manager")
+	bin := filepath.Join(dir, name)
 	if fi, err := os.Stat(bin); err != nil || fi.Mode()&0o111 == 0 {
-		prereq.Missing(t, "COZY_CAPI_BIN=%s has no executable cluster-api-manager; rebuild with hack/capi-controllers.sh", dir)
+		prereq.Missing(t, "COZY_CAPI_BIN=%s has no executable %s; rebuild with hack/capi-controllers.sh", dir, name)
 	}
 	return bin
 }
