@@ -64,7 +64,7 @@ flux: ## Build (once, cached) Flux's source, kustomize and helm controllers for 
 	hack/flux-controllers.sh >/dev/null
 
 .PHONY: capi
-capi: ## Build (once, cached) the Cluster API core manager for the tenant operator's integration test
+capi: ## Build (once, cached) the Cluster API core and kubeadm bootstrap managers for the tenant integration tests
 	hack/capi-controllers.sh >/dev/null
 
 .PHONY: unit
