@@ -83,7 +83,7 @@ func startOperator(t *testing.T) *operatorEnv {
 
 // newManager is the operator's manager as cmd/cozy-operator builds it,
 // with or without leader election (a Lease in cozy-system).
-func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool, images WorkerImages) ctrl.Manager {
+func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool, images WorkerImages, opts ...func(*Reconciler)) ctrl.Manager {
 	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
@@ -103,6 +103,9 @@ func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderEl
 	}
 	r := &Reconciler{Recorder: mgr.GetEventRecorder("cozy-operator"), Addons: DefaultAddonConfig(), WorkerImages: images,
 		PermittedGPUs: []string{"nvidia.com/GA102GL_A10"}}
+	for _, o := range opts {
+		o(r)
+	}
 	if err := r.SetupWithManager(mgr, 4); err != nil {
 		t.Fatal(err)
 	}
@@ -1089,17 +1092,8 @@ func TestOperatorWaitsForWorkerImage(t *testing.T) {
 		}
 		return nil
 	})
-	got, err := e.children(ctx, tc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// gpu names its own image and is made; md0 and small wait.
-	var groups []string
-	for _, u := range got {
-		if g := u.GetLabels()[LabelNodeGroup]; g != "" && !slices.Contains(groups, g) {
-			groups = append(groups, g)
-		}
-	}
+	got, groups := e.groupChildren(t, ctx, tc)
 	if len(got) < 7 || !slices.Equal(groups, []string{"gpu"}) {
 		t.Errorf("while the image is missing: %d children, of node groups %v; want the cluster's and gpu's only", len(got), groups)
 	}
@@ -1144,4 +1138,59 @@ func TestOperatorWaitsForWorkerImage(t *testing.T) {
 
 	pushWorkerImage(t, images, "v1.37.0")
 	e.wantChildren(t, ctx, tc, Uniform("v1.37.0"))
+}
+
+// TestOperatorSaysWhatThePlatformLacks: on a platform without a
+// load-balancer pool and without the fixture's GPU permitted, the
+// operator makes what can run (the cluster, the control plane, the
+// groups without GPUs), holds the GPU group, and says both in the
+// status, as cozy-operator's flags from the platform tell it.
+func TestOperatorSaysWhatThePlatformLacks(t *testing.T) {
+	env, scheme := startAPIServer(t)
+	images, _ := workerRegistry(t, testVersions...)
+	t.Cleanup(run(t, newManager(t, asOperator(t, env), scheme, false, images, func(r *Reconciler) {
+		r.PermittedGPUs = nil
+		r.NoLoadBalancer = true
+	})))
+	e := &operatorEnv{env: env, c: env.Client, images: images}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// The fixture is exposed through an Ingress; the default is a
+	// LoadBalancer Service.
+	tc := e.create(t, ctx, func(tc *v1.TenantCluster) { tc.Spec.ControlPlane.Expose = v1.Expose{Type: v1.ExposeLoadBalancer} })
+	poll.Within(t, waitLimit, 100*time.Millisecond, "the status says what the platform lacks", func() error {
+		cur, err := e.get(ctx, tc)
+		if err != nil {
+			return err
+		}
+		if c := condition(cur, v1.ConditionControlPlaneReady); !strings.HasPrefix(c, "False/"+ReasonNoLoadBalancer+": the API server is exposed as a LoadBalancer Service") {
+			return fmt.Errorf("ControlPlaneReady %s", c)
+		}
+		if c := condition(cur, v1.ConditionWorkersReady); !strings.HasPrefix(c, "False/"+ReasonGPUNotPermitted+": node group gpu asks for GPU nvidia.com/GA102GL_A10") {
+			return fmt.Errorf("WorkersReady %s", c)
+		}
+		return nil
+	})
+	got, groups := e.groupChildren(t, ctx, tc)
+	if !slices.Equal(groups, []string{"md0", "small"}) || got["KamajiControlPlane/"+tc.Name] == nil {
+		t.Errorf("children of node groups %v (and a KamajiControlPlane: %v); want md0's and small's, and the control plane", groups, got["KamajiControlPlane/"+tc.Name] != nil)
+	}
+}
+
+// groupChildren lists the TenantCluster's children and, sorted, the node
+// groups they belong to.
+func (e *operatorEnv) groupChildren(t *testing.T, ctx context.Context, tc *v1.TenantCluster) (map[string]*unstructured.Unstructured, []string) {
+	t.Helper()
+	got, err := e.children(ctx, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []string
+	for _, u := range got {
+		if g := u.GetLabels()[LabelNodeGroup]; g != "" && !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	slices.Sort(groups)
+	return got, groups
 }
