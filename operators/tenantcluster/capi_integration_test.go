@@ -69,12 +69,7 @@ func TestClusterAPIControllersAcceptChildren(t *testing.T) {
 
 	certDir := testenv.WebhookCertDir(t)
 	started := time.Now()
-	logFile := startCAPIManager(t, netns, manager, env.WriteKubeconfig(t), certDir, cancel)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Cluster API manager log (tail of %s):\n%s", logFile, fileTail(logFile, 60))
-		}
-	})
+	testenv.StartCAPIManager(t, netns, manager, env.WriteKubeconfig(t), certDir, cancel)
 	registerCAPIWebhooks(t, ctx, c, netns, certDir)
 
 	// A real TenantCluster, so the children carry the owner references the
@@ -297,56 +292,13 @@ func machinesOf(ctx context.Context, c client.Client, md *clusterv1.MachineDeplo
 	return ours, theirs, nil
 }
 
-// startCAPIManager runs the Cluster API core manager inside netns until
-// the test ends, logging to a file whose path it returns. If it exits
-// before, exited is called with why.
-func startCAPIManager(t *testing.T, netns *netnstest.NS, bin, kubeconfig, certDir string, exited context.CancelCauseFunc) string {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "cluster-api-manager.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := netns.Command(ctx, bin,
-		"--kubeconfig="+kubeconfig,
-		"--webhook-cert-dir="+certDir,
-		"--webhook-port="+strconv.Itoa(capiWebhookPort),
-		// 0 turns off the health and diagnostics (metrics) servers.
-		"--health-addr=0",
-		"--diagnostics-address=0",
-		"--leader-elect=false",
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		cancel()
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		err := cmd.Wait()
-		exited(fmt.Errorf("the Cluster API manager exited: %v", err))
-		close(done)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		logFile.Close()
-	})
-	return logPath
-}
-
-// capiWebhookPort is where the manager serves its webhooks, inside its
-// namespace.
-const capiWebhookPort = 9443
-
 // registerCAPIWebhooks exposes the manager's webhook server on the
 // host's loopback, waits until it answers TLS with the certificate in
 // certDir, and registers Cluster API core's webhook configurations
 // there, failing closed as on a real cluster.
 func registerCAPIWebhooks(t *testing.T, ctx context.Context, c client.Client, netns *netnstest.NS, certDir string) {
 	t.Helper()
-	addr := netns.Expose(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(capiWebhookPort)))
+	addr := netns.Expose(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.CAPIWebhookPort)))
 	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -90,34 +89,10 @@ func bootstrapUserData(ctx context.Context, t *testing.T, ns *netnstest.NS, dir,
 	}
 	ns.Forward(t, apiURL.Host)
 
-	logPath := filepath.Join(t.TempDir(), "kubeadm-bootstrap-manager.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, stop := context.WithCancel(ctx)
-	cmd := ns.Command(mctx, manager,
-		"--kubeconfig="+env.WriteKubeconfig(t),
-		// Its webhook server cannot be turned off; nothing registers it.
-		"--webhook-cert-dir="+testenv.WebhookCertDir(t),
-		"--webhook-port="+strconv.Itoa(9443),
-		"--health-addr=0", "--diagnostics-address=0", "--leader-elect=false")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		stop()
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		stop()
-		<-exited
-		logFile.Close()
-		if t.Failed() {
-			log, _ := os.ReadFile(logPath)
-			t.Logf("kubeadm bootstrap manager log (tail):\n%s", tail(string(log), 60))
-		}
-	})
+	// The manager dying ends the waits below at once.
+	ctx, exited := context.WithCancelCause(ctx)
+	t.Cleanup(func() { exited(nil) })
+	testenv.StartCAPIManager(t, ns, manager, env.WriteKubeconfig(t), testenv.WebhookCertDir(t), exited)
 
 	create := func(obj client.Object) {
 		t.Helper()
@@ -192,12 +167,6 @@ func bootstrapUserData(ctx context.Context, t *testing.T, ns *netnstest.NS, dir,
 	start := time.Now()
 	var cfg bootstrapv1.KubeadmConfig
 	poll.Until(t, ctx, time.Second, "the bootstrap provider's data Secret", func() error {
-		select {
-		case err := <-exited:
-			exited <- err // for the cleanup
-			t.Fatalf("the kubeadm bootstrap manager exited: %v", err)
-		default:
-		}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: node}, &cfg); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/prereq"
 )
 
@@ -148,4 +150,55 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 		return nil, fmt.Errorf("%s: %d webhook configurations, want a mutating and a validating one", file, len(out))
 	}
 	return out, nil
+}
+
+// CAPIWebhookPort is where StartCAPIManager's manager serves its
+// webhooks, inside its namespace.
+const CAPIWebhookPort = 9443
+
+// StartCAPIManager runs a Cluster API manager (CAPIManager's or
+// KubeadmBootstrapManager's) in ns until the test ends, against the API
+// server of kubeconfig, with its webhook server (which cannot be turned
+// off, and binds every interface: hence the namespace) on
+// CAPIWebhookPort with certDir's certificate, and its health and
+// diagnostics servers off. If it exits before, exited is called with
+// why; if the test fails, the tail of its log is logged.
+func StartCAPIManager(t testing.TB, ns *netnstest.NS, bin, kubeconfig, certDir string, exited context.CancelCauseFunc) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := ns.Command(ctx, bin,
+		"--kubeconfig="+kubeconfig,
+		"--webhook-cert-dir="+certDir,
+		"--webhook-port="+strconv.Itoa(CAPIWebhookPort),
+		// 0 turns off the health and diagnostics (metrics) servers.
+		"--health-addr=0",
+		"--diagnostics-address=0",
+		"--leader-elect=false",
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		exited(fmt.Errorf("%s exited: %v", filepath.Base(bin), err))
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		logFile.Close()
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			lines := strings.Split(strings.TrimRight(string(log), "\n"), "\n")
+			t.Logf("%s log (tail of %s):\n%s", filepath.Base(bin), logPath, strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
 }
