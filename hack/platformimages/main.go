@@ -9,7 +9,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,17 +104,14 @@ func parseTags(s string) (map[string]string, error) {
 	return tags, nil
 }
 
-// envPath is the PATH of the images, as Alpine and distroless set it.
-const envPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 func platformImages(in inputs) ([]ociimage.Image, error) {
-	base, err := baseLayer(in.debs)
+	base, err := ociimage.StaticBase(in.debs)
 	if err != nil {
 		return nil, err
 	}
 	image := func(ref string, config ocispec.ImageConfig, layers ...ociimage.Layer) ociimage.Image {
 		// Dated at the epoch: the same inputs give the same digests.
-		config.Env = append(config.Env, envPath)
+		config.Env = append(config.Env, ociimage.EnvPath)
 		return ociimage.Image{Ref: ref, Arch: "amd64", Created: time.Unix(0, 0), Layers: layers, Config: config}
 	}
 	labels := func(version, source string) map[string]string {
@@ -158,35 +154,4 @@ func platformImages(in inputs) ([]ociimage.Image, error) {
 			}}))
 	}
 	return images, nil
-}
-
-// baseLayer is what distroless static holds and the controllers use:
-// root, nobody and nonroot, /tmp, and the CA bundle that Debian's
-// update-ca-certificates makes from ca-certificates' Mozilla set (every
-// certificate, in name order, concatenated).
-func baseLayer(debs string) (ociimage.Layer, error) {
-	certs, err := filepath.Glob(filepath.Join(debs, "usr/share/ca-certificates/mozilla/*.crt"))
-	if err != nil || len(certs) < 50 {
-		return ociimage.Layer{}, fmt.Errorf("%d certificates in %s/usr/share/ca-certificates/mozilla (extract Debian's ca-certificates there): %v", len(certs), debs, err)
-	}
-	slices.Sort(certs)
-	var bundle []byte
-	for _, c := range certs {
-		pem, err := os.ReadFile(c)
-		if err != nil {
-			return ociimage.Layer{}, err
-		}
-		if len(pem) > 0 && pem[len(pem)-1] != '\n' {
-			pem = append(pem, '\n')
-		}
-		bundle = append(bundle, pem...)
-	}
-	return ociimage.Layer{CreatedBy: "users, /tmp, Debian 12 ca-certificates", Files: []ociimage.File{
-		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n")},
-		{Path: "/etc/ssl/certs/ca-certificates.crt", Mode: 0o644, Data: bundle},
-		{Path: "/root", Mode: fs.ModeDir | 0o700},
-		{Path: "/home/nonroot", Mode: fs.ModeDir | 0o700},
-		{Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777},
-	}}, nil
 }

@@ -24,11 +24,3 @@ func TestParseTags(t *testing.T) {
 		}
 	}
 }
-
-// Without Debian's CA certificates the images would not trust any
-// HTTPS server: packing refuses.
-func TestBaseLayerNeedsCertificates(t *testing.T) {
-	if _, err := baseLayer(t.TempDir()); err == nil || !strings.Contains(err.Error(), "ca-certificates") {
-		t.Errorf("got %v, want an error naming ca-certificates", err)
-	}
-}

@@ -580,3 +580,11 @@ func TestLayoutWithRealTools(t *testing.T) {
 		t.Errorf("unpacked flanneld: %q (%v)", data, err)
 	}
 }
+
+// Without Debian's CA certificates the images would not trust any
+// HTTPS server: StaticBase refuses.
+func TestStaticBaseNeedsCertificates(t *testing.T) {
+	if _, err := StaticBase(t.TempDir()); err == nil || !strings.Contains(err.Error(), "ca-certificates") {
+		t.Errorf("got %v, want an error naming ca-certificates", err)
+	}
+}
