@@ -67,6 +67,10 @@ flux: ## Build (once, cached) Flux's source, kustomize and helm controllers for 
 capi: ## Build (once, cached) the Cluster API core and kubeadm bootstrap managers for the tenant integration tests
 	hack/capi-controllers.sh >/dev/null
 
+.PHONY: kamaji
+kamaji: ## Build (once, cached) Kamaji v1.0.0, its DataStore's etcd and the images it and its tenants' control planes (Kubernetes v1.30.2) run, for make e2e
+	hack/kamaji.sh >/dev/null
+
 .PHONY: unit
 unit: ## Unit tests: fast, no root, no API server
 	$(GO_ENV) $(GO) test $(TEST_FLAGS) ./...
@@ -102,13 +106,15 @@ worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for K
 	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
-e2e: build envtest flux node ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), and a Kubernetes upgrade across two builds (1.35.4 to 1.36.3; root)
+e2e: build envtest flux node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 90m -run 'TestLabPlatform$$' -v ./lab/
 	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
+	$(NODE_ENV) COZY_KAMAJI="$$(hack/kamaji.sh)" \
+		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 25m -run 'TestKamajiServesATenant$$' -v ./lab/talosnode/
 
 .PHONY: bench
 bench: build envtest node ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)

@@ -52,10 +52,11 @@ func capiBinary(t testing.TB, name string) string {
 }
 
 // WebhookCertDir writes a throwaway self-signed serving certificate for
-// localhost as tls.crt and tls.key into a directory of the test's, for
-// managers (like Cluster API's) whose webhook server cannot be turned off
-// and will not start without one.
-func WebhookCertDir(t testing.TB) string {
+// localhost and ips as tls.crt and tls.key, and as ca.crt (it is its own
+// CA), into a directory of the test's, for managers (like Cluster API's)
+// whose webhook server cannot be turned off and will not start without
+// one.
+func WebhookCertDir(t testing.TB, ips ...net.IP) string {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -66,7 +67,7 @@ func WebhookCertDir(t testing.TB) string {
 		SerialNumber: big.NewInt(1),
 		Subject:      pkix.Name{CommonName: "localhost"},
 		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses:  append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, ips...),
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -83,6 +84,7 @@ func WebhookCertDir(t testing.TB) string {
 	dir := t.TempDir()
 	for name, block := range map[string]*pem.Block{
 		"tls.crt": {Type: "CERTIFICATE", Bytes: der},
+		"ca.crt":  {Type: "CERTIFICATE", Bytes: der},
 		"tls.key": {Type: "PRIVATE KEY", Bytes: keyDER},
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
@@ -104,11 +106,18 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 			src = s
 		}
 	}
-	dir, err := ModuleDir(ctx, src.Module, src.Version)
+	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", baseURL, caPEM)
+}
+
+// moduleWebhooks reads the mutating and validating webhook
+// configurations of file in module@version, renamed with prefix and
+// pointed at baseURL, trusting caPEM.
+func moduleWebhooks(ctx context.Context, module, version, file, prefix, baseURL string, caPEM []byte) ([]client.Object, error) {
+	dir, err := ModuleDir(ctx, module, version)
 	if err != nil {
 		return nil, err
 	}
-	file := filepath.Join(dir, "core", "config", "webhook", "manifests.yaml")
+	file = filepath.Join(dir, filepath.FromSlash(file))
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
@@ -131,7 +140,7 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 		default:
 			return nil, fmt.Errorf("%s: unexpected %s", file, u.GetKind())
 		}
-		u.SetName("capi-core-" + u.GetName())
+		u.SetName(prefix + u.GetName())
 		hooks, _, _ := unstructured.NestedSlice(u.Object, "webhooks")
 		for _, h := range hooks {
 			hook, _ := h.(map[string]any)
@@ -165,21 +174,39 @@ const CAPIWebhookPort = 9443
 // why; if the test fails, the tail of its log is logged.
 func StartCAPIManager(t testing.TB, ns *netnstest.NS, bin, kubeconfig, certDir string, exited context.CancelCauseFunc) {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	StartProcess(t, ns, bin, []string{
+		"--kubeconfig=" + kubeconfig,
+		"--webhook-cert-dir=" + certDir,
+		"--webhook-port=" + strconv.Itoa(CAPIWebhookPort),
+		// 0 turns off the health and diagnostics (metrics) servers.
+		"--health-addr=0",
+		"--diagnostics-address=0",
+		"--leader-elect=false",
+	}, nil, exited)
+}
+
+// StartProcess runs bin with args (and env added to the test's) in ns
+// until the test ends. If it exits before, exited is called with why;
+// if the test fails, the tail of its log is logged. The whole log is
+// kept in $COZY_TEST_ARTIFACTS when that is set.
+func StartProcess(t testing.TB, ns *netnstest.NS, bin string, args, env []string, exited context.CancelCauseFunc) {
+	t.Helper()
+	logDir := os.Getenv("COZY_TEST_ARTIFACTS")
+	if logDir == "" {
+		logDir = t.TempDir()
+	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(logDir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+filepath.Base(bin)+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := ns.Command(ctx, bin,
-		"--kubeconfig="+kubeconfig,
-		"--webhook-cert-dir="+certDir,
-		"--webhook-port="+strconv.Itoa(CAPIWebhookPort),
-		// 0 turns off the health and diagnostics (metrics) servers.
-		"--health-addr=0",
-		"--diagnostics-address=0",
-		"--leader-elect=false",
-	)
+	cmd := ns.Command(ctx, bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		cancel()

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Builds Kamaji from the Go module proxy, and the images it and its
+# tenant control planes run, and prints a directory holding
+#
+#   kamaji    the manager, github.com/clastix/kamaji v1.0.0 with two fixes
+#             (below; CGO_ENABLED=0)
+#   etcd      etcd v3.5.21 for its DataStore (hack/envtest-assets.sh's)
+#   images/   an OCI image layout (as hack/platform-images.sh writes) for
+#             `cozyctl images mirror --from`:
+#               docker.io/clastix/kamaji:v1.0.0
+#               registry.k8s.io/kube-apiserver:v1.30.2
+#               registry.k8s.io/kube-controller-manager:v1.30.2
+#               registry.k8s.io/kube-scheduler:v1.30.2
+#
+#   hack/kamaji.sh
+#
+# v1.0.0 is the only Kamaji the module proxy serves (docs/images.md: the
+# edge releases the platform pins are refused). Its tenants run at most
+# the Kubernetes of its kubeadm library, v1.30.2 (its webhook refuses a
+# newer one), so the control-plane images are of that version, built by
+# hack/envtest-assets.sh v1.30.2 (one wrapper module, one build cache, as
+# for every Kubernetes version Cozy builds).
+# Kamaji is built in a wrapper module that requires it and carries its
+# go.mod's replace lines (the staging modules at v0.30.2).
+#
+# Cached in $COZY_CACHE_DIR/kamaji/<key>, the key naming both versions,
+# ca-certificates' version and a hash of the Go version and of the code
+# that builds and packs; built in a temporary directory and renamed into
+# place, so an interrupted build never leaves a half-written one.
+# Measured on 2 cores (2026-12-06): Kamaji 2 min 39 s with the module
+# cache cold for it; Kubernetes v1.30.2 about 14 min cold.
+#
+# Only the directory goes to stdout; progress goes to stderr.
+set -euo pipefail
+
+version=v1.0.0
+module=github.com/clastix/kamaji
+k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
+etcd_version=v3.5.21  # the 3.5 line Kamaji v1.0.0's chart runs (3.5.6) and its client speaks: the tests' DataStore runs it
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+[[ -f "$repo/hack/kamajiimages/main.go" ]] || { echo "kamaji: run it from a Cozy source tree" >&2; exit 1; }
+cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
+(($# == 0)) || { echo "usage: hack/kamaji.sh (prints the directory)" >&2; exit 2; }
+log() { echo "kamaji: $*" >&2; }
+die() { log "$*"; exit 1; }
+for tool in go jq apt-get apt-cache dpkg-deb sha256sum; do
+	command -v "$tool" >/dev/null || die "$tool is not installed (see hack/install-deps.sh)"
+done
+
+ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')"
+[[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
+build_hash="$(cd "$repo" && {
+	go env GOVERSION
+	cat hack/kamaji.sh hack/kamajiimages/main.go
+	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
+} | sha256sum | cut -c1-12)"
+out="$cache_root/kamaji/${version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+if [[ -x $out/kamaji && -f $out/images/index.json ]]; then
+	echo "$out"
+	exit 0
+fi
+
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+kube="$("$repo/hack/envtest-assets.sh" "$k8s_version" "$etcd_version")"
+mkdir -p "$cache_root/kamaji"
+work="$(mktemp -d "$cache_root/kamaji/.build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+log "building Kamaji $version (about 3 minutes cold on 2 cores)"
+mod="$work/kamaji"
+mkdir -p "$mod"
+moddir="$(cd "$mod" && printf 'module x\n' >go.mod && go mod download -json "$module@$version" | jq -r .Dir)"
+[[ -d $moddir ]] || die "cannot download $module@$version"
+supported="$(sed -n 's/^[[:space:]]*KubeadmVersion = "\(v[0-9.]*\)"$/\1/p' "$moddir/internal/upgrade/kubeadm_version.go")"
+[[ $supported == "$k8s_version" ]] || die "Kamaji $version supports Kubernetes '$supported', not $k8s_version: update k8s_version"
+# Two defects of v1.0.0 that upstream fixed after it, fixed here in the
+# module's copy (each edit must apply, or the build stops):
+# - security: each tenant's etcd role was granted the keys from its
+#   prefix to "\0", which runs past the prefix, so a tenant's API server
+#   could read and write every tenant's keys that sort after its own
+#   (TestKamajiServesATenant read a neighbour's Secret that way). The
+#   range becomes the prefix's own (etcd's GetPrefixRangeEnd), as in
+#   upstream's 1731e8c (2024-08-12); a migration copies the prefix alone.
+# - the DataStore Secret's finalizer was removed with an Update that
+#   loses to the garbage collector's once the TenantControlPlane is gone
+#   (a conflict), and nothing retries: the Secret stayed forever, in 1 of
+#   3 runs of that test. A merge patch cannot conflict (upstream retries
+#   on conflict instead, #631, 2024-11-12).
+src="$work/src"
+cp -r "$moddir" "$src"
+chmod -R u+w "$src"
+fix() { # FILE OLD NEW: the one line of FILE that is OLD becomes NEW
+	[[ $(grep -cxF -- "$2" "$src/$1") == 1 ]] || die "$1: no single line '$2': the fix does not apply to $version"
+	OLD="$2" NEW="$3" perl -pi -e 'chomp(my $l = $_); $_ = $ENV{NEW} . "\n" if $l eq $ENV{OLD}' "$src/$1"
+	[[ $(grep -cxF -- "$3" "$src/$1") == 1 ]] || die "$1: the fix did not apply"
+}
+fix internal/datastore/etcd.go \
+	$'\tif _, err := e.Client.RoleGrantPermission(ctx, user, key, rangeEnd, permission); err != nil {' \
+	$'\tif _, err := e.Client.RoleGrantPermission(ctx, user, key, etcdclient.GetPrefixRangeEnd(key), permission); err != nil {'
+fix internal/datastore/etcd.go \
+	$'\tresponse, err := e.Client.Get(ctx, e.buildKey(fmt.Sprintf("%s_%s", tcp.GetNamespace(), tcp.GetName())), etcdclient.WithRange(rangeEnd))' \
+	$'\tresponse, err := e.Client.Get(ctx, e.buildKey(fmt.Sprintf("%s_%s", tcp.GetNamespace(), tcp.GetName())), etcdclient.WithPrefix())'
+fix internal/resources/datastore/datastore_storage_config.go \
+	$'\tif err := r.Client.Update(ctx, secret); err != nil {' \
+	$'\tif err := r.Client.Patch(ctx, secret, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {'
+{
+	printf 'module cozy.dev/tools/kamaji\n\ngo 1.26\n\nrequire %s %s\n\nreplace %s %s => ../src\n\n' "$module" "$version" "$module" "$version"
+	go mod edit -json "$moddir/go.mod" |
+		jq -r '.Replace[]? | select(.New.Version != null) |
+			"replace \(.Old.Path)\(if .Old.Version then " " + .Old.Version else "" end) => \(.New.Path) \(.New.Version)"'
+} >"$mod/go.mod"
+# Upstream's Dockerfile: the version in internal.GitTag.
+(cd "$mod" && go build -trimpath -ldflags "-s -w -X $module/internal.GitTag=$version -X $module/internal.GitDirty=" \
+	-o "$work/kamaji.bin" "$module" >&2)
+"$work/kamaji.bin" manager --help >/dev/null 2>&1 || die "the built Kamaji does not run"
+
+log "Debian ca-certificates $ca_deb"
+apt_opts=(-q)
+((EUID != 0)) || apt_opts+=(-o APT::Sandbox::User=root)
+(cd "$work" && apt-get download "${apt_opts[@]}" "ca-certificates=$ca_deb" >&2)
+dpkg-deb -x "$work"/ca-certificates_*.deb "$work/debroot"
+
+log "packing the images"
+(cd "$repo" && GOFLAGS= go build -o "$work/kamajiimages" ./hack/kamajiimages)
+mkdir -p "$work/out"
+"$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
+	-kubernetes "$kube" -kubernetes-version "$k8s_version"
+install -m 0755 "$work/kamaji.bin" "$work/out/kamaji"
+install -m 0755 "$kube/etcd" "$work/out/etcd"
+chmod 0755 "$work/out" "$work/out/images"
+mv -T "$work/out" "$out" 2>/dev/null || [[ -f "$out/images/index.json" ]] || die "cannot move the build to $out"
+echo "$out"

@@ -1,0 +1,115 @@
+// Command kamajiimages packs Kamaji's image and the images of the
+// tenant control planes it runs (kube-apiserver, kube-controller-manager
+// and kube-scheduler of the Kubernetes version Kamaji supports) into one
+// OCI image layout, each under its exact upstream name and tag, for the
+// registry mirror the management cluster pulls from. hack/kamaji.sh
+// builds the binaries, fetches Debian's ca-certificates and runs it.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"cozy.dev/cozy/internal/ociimage"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kamajiimages:", err)
+		os.Exit(1)
+	}
+}
+
+type inputs struct {
+	out, debs         string
+	kamaji, kamajiTag string
+	kubeDir, kubeTag  string
+}
+
+// controlPlane are the binaries of a tenant control plane, each in its
+// own image, as Kamaji's Deployment names them (registry.k8s.io/NAME).
+var controlPlane = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+func run() error {
+	var in inputs
+	flag.StringVar(&in.out, "o", "", "OCI image layout directory to write (must not exist)")
+	flag.StringVar(&in.debs, "debs", "", "tree where Debian's ca-certificates was extracted (dpkg-deb -x)")
+	flag.StringVar(&in.kamaji, "kamaji", "", "static Kamaji binary")
+	flag.StringVar(&in.kamajiTag, "kamaji-tag", "", "Kamaji's version (v1.0.0)")
+	flag.StringVar(&in.kubeDir, "kubernetes", "", "directory of static "+fmt.Sprint(controlPlane)+" binaries")
+	flag.StringVar(&in.kubeTag, "kubernetes-version", "", "their version (v1.30.2)")
+	flag.Parse()
+	for name, v := range map[string]string{"-o": in.out, "-debs": in.debs, "-kamaji": in.kamaji, "-kamaji-tag": in.kamajiTag,
+		"-kubernetes": in.kubeDir, "-kubernetes-version": in.kubeTag} {
+		if v == "" {
+			flag.Usage()
+			return fmt.Errorf("%s is required", name)
+		}
+	}
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	images, err := kamajiImages(in)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(in.out); err == nil {
+		return fmt.Errorf("%s exists: the layout goes into a new directory", in.out)
+	}
+	if err := ociimage.WriteLayout(in.out, images...); err != nil {
+		return err
+	}
+	for _, im := range images {
+		fmt.Fprintln(os.Stderr, im.Ref)
+	}
+	return nil
+}
+
+func kamajiImages(in inputs) ([]ociimage.Image, error) {
+	base, err := ociimage.StaticBase(in.debs)
+	if err != nil {
+		return nil, err
+	}
+	image := func(ref, version, source string, config ocispec.ImageConfig, files ...ociimage.File) (ociimage.Image, error) {
+		for _, f := range files {
+			if _, err := os.Stat(f.Source); err != nil {
+				return ociimage.Image{}, err
+			}
+		}
+		config.Env = append(config.Env, ociimage.EnvPath)
+		config.Labels = map[string]string{
+			"org.opencontainers.image.version":     version,
+			"org.opencontainers.image.source":      source,
+			"org.opencontainers.image.description": "built from source by cozy hack/kamaji.sh",
+		}
+		// Dated at the epoch: the same inputs give the same digests.
+		return ociimage.Image{Ref: ref, Arch: "amd64", Created: time.Unix(0, 0), Config: config,
+			Layers: []ociimage.Layer{base, {CreatedBy: source + " (CGO_ENABLED=0)", Files: files}}}, nil
+	}
+	// Kamaji's Dockerfile: distroless static, /kamaji as the entrypoint,
+	// USER 65532:65532.
+	kamaji, err := image("docker.io/clastix/kamaji:"+in.kamajiTag, in.kamajiTag, "github.com/clastix/kamaji@"+in.kamajiTag,
+		ocispec.ImageConfig{User: "65532:65532", WorkingDir: "/", Entrypoint: []string{"/kamaji"}},
+		ociimage.File{Path: "/kamaji", Mode: 0o755, Source: in.kamaji})
+	if err != nil {
+		return nil, err
+	}
+	images := []ociimage.Image{kamaji}
+	// Kubernetes' server images: the binary in /usr/local/bin; Kamaji
+	// gives each container its command by name, found through PATH.
+	for _, name := range controlPlane {
+		im, err := image("registry.k8s.io/"+name+":"+in.kubeTag, in.kubeTag, "k8s.io/kubernetes@"+in.kubeTag+" cmd/"+name,
+			ocispec.ImageConfig{Entrypoint: []string{"/usr/local/bin/" + name}},
+			ociimage.File{Path: "/usr/local/bin/" + name, Mode: 0o755, Source: filepath.Join(in.kubeDir, name)})
+		if err != nil {
+			return nil, err
+		}
+		images = append(images, im)
+	}
+	return images, nil
+}

@@ -1,0 +1,466 @@
+//go:build integration && e2e
+
+package talosnode_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/testenv"
+)
+
+const (
+	datastoreAddr = clusterSubnet + ".1:2379" // Kamaji's etcd DataStore, beside the mirror
+	kamajiAddr    = clusterSubnet + ".1"      // where Kamaji's webhook server listens
+	tenantPort    = 31443                     // the tenant API's NodePort
+)
+
+// TestKamajiServesATenant: Kamaji, built from its module, runs a tenant
+// control plane as pods on real nodes, with its state in an etcd
+// DataStore, and deleting it removes every trace. Kamaji's manager runs
+// as a process on the nodes' LAN (its webhooks served to the API server
+// from there), the DataStore is an etcd with client-certificate auth
+// (and etcd auth on, as kamaji-etcd sets it up) on the same LAN, and the
+// TenantControlPlane's kube-apiserver, controller-manager and scheduler
+// run as pods on the worker from images built here and served by the
+// mirror. The tenant's API answers kubectl through the admin kubeconfig
+// Kamaji writes, on a NodePort of the worker's address. Its keys sit
+// under its own prefix in the DataStore, readable by its own etcd user
+// only; once it is deleted, its pods, Secrets, keys, user and role are
+// gone.
+//
+// Not here: the TenantControlPlane is written by the test, as the Kamaji
+// control-plane provider would write it from cozy-operator's
+// KamajiControlPlane (the provider cannot be built: docs/tenants.md), and
+// without Konnectivity (no image built for it).
+func TestKamajiServesATenant(t *testing.T) {
+	kamaji := testenv.Kamaji(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx, "controlplane", "worker")
+	cl := clusterClient(t, c)
+	mirrorLayout(t, ctx, c.sw, mirrorAddr, filepath.Join(kamaji, "images"), nil)
+
+	// The DataStore: etcd on the LAN, TLS with client certificates, auth
+	// on with a root user, as the kamaji-etcd chart makes it.
+	pki := newDatastorePKI(t)
+	dsCtx, dsExited := context.WithCancelCause(ctx)
+	defer dsExited(nil)
+	dataDir := t.TempDir()
+	testenv.StartProcess(t, c.sw, filepath.Join(kamaji, "etcd"), []string{
+		"--name=datastore", "--data-dir=" + dataDir,
+		"--listen-client-urls=https://" + datastoreAddr, "--advertise-client-urls=https://" + datastoreAddr,
+		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+		"--initial-cluster=datastore=http://127.0.0.1:2380",
+		"--client-cert-auth", "--trusted-ca-file=" + pki.file(t, "ca.crt"),
+		"--cert-file=" + pki.file(t, "server.crt"), "--key-file=" + pki.file(t, "server.key"),
+	}, nil, dsExited)
+	etcd := pki.client(t, c.sw.Expose(t, datastoreAddr))
+	poll.Within(t, time.Minute, 200*time.Millisecond, "the DataStore's etcd", func() error {
+		if err := context.Cause(dsCtx); err != nil {
+			t.Fatal(err)
+		}
+		_, err := etcd.UserAddWithOptions(ctx, "root", "", &clientv3.UserAddOptions{NoPassword: true})
+		return err
+	})
+	for _, step := range []func() error{
+		func() error { _, err := etcd.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := etcd.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := etcd.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("etcd auth: %v", err)
+		}
+	}
+
+	// Kamaji's CRDs, from its module; its DataStore, whose certificates
+	// it reads from Secrets.
+	crds, err := testenv.LoadCRDs(ctx, []testenv.CRDSource{testenv.KamajiCRDs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range crds {
+		if err := cl.Create(ctx, crd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []string{"kamaji-system", "tenants"} {
+		if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, data := range map[string]map[string][]byte{
+		"datastore-ca":          {"ca.crt": pki.pem["ca.crt"], "ca.key": pki.pem["ca.key"]},
+		"datastore-root-client": {"tls.crt": pki.pem["root.crt"], "tls.key": pki.pem["root.key"]},
+	} {
+		if err := cl.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kamaji-system"}, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := func(secret, key string) map[string]any {
+		return map[string]any{"secretReference": map[string]any{"name": secret, "namespace": "kamaji-system", "keyPath": key}}
+	}
+	datastore := kamajiObject("DataStore", "", "default", map[string]any{
+		"driver":    "etcd",
+		"endpoints": []any{datastoreAddr},
+		"tlsConfig": map[string]any{
+			"certificateAuthority": map[string]any{"certificate": ref("datastore-ca", "ca.crt"), "privateKey": ref("datastore-ca", "ca.key")},
+			"clientCertificate":    map[string]any{"certificate": ref("datastore-root-client", "tls.crt"), "privateKey": ref("datastore-root-client", "tls.key")},
+		},
+	})
+	poll.Within(t, time.Minute, 200*time.Millisecond, "Kamaji's CRDs established", func() error {
+		return cl.Create(ctx, datastore)
+	})
+
+	// Kamaji, and its webhooks once it serves them. It reaches a tenant's
+	// API at its Service's name (https://NAME.NAMESPACE.svc:PORT), which
+	// only a cluster's DNS knows: here the name is the worker's address,
+	// where the Service's NodePort (the same port) answers.
+	worker := c.nodes[1]
+	c.sw.Hosts(t, worker.ip+" acme.tenants.svc")
+	kamajiCtx, kamajiExited := context.WithCancelCause(ctx)
+	defer kamajiExited(nil)
+	certDir := testenv.WebhookCertDir(t, net.ParseIP(kamajiAddr))
+	testenv.StartKamaji(t, c.sw, kamaji, c.kubeconfig, certDir, "default", kamajiExited)
+	webhookAddr := net.JoinHostPort(kamajiAddr, fmt.Sprint(testenv.KamajiWebhookPort))
+	poll.Within(t, 2*time.Minute, 200*time.Millisecond, "Kamaji's webhook server", func() error {
+		if err := context.Cause(kamajiCtx); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := c.sw.DialContext(ctx, "tcp", webhookAddr)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
+	caPEM, err := os.ReadFile(filepath.Join(certDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks, err := testenv.KamajiWebhooks(ctx, "https://"+webhookAddr, caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if err := cl.Create(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A tenant control plane as the Kamaji provider writes it from
+	// cozy-operator's KamajiControlPlane (desiredKamajiControlPlane): one
+	// replica, CoreDNS, the systemd cgroup driver; exposed on a NodePort
+	// of the worker, as the lab has no load-balancer pool here.
+	version := "v1.30.2"
+	tcp := kamajiObject("TenantControlPlane", "tenants", "acme", map[string]any{
+		"dataStore": "default",
+		"controlPlane": map[string]any{
+			"deployment": map[string]any{"replicas": int64(1)},
+			"service":    map[string]any{"serviceType": "NodePort"},
+		},
+		"kubernetes": map[string]any{
+			"version": version,
+			"kubelet": map[string]any{"cgroupfs": "systemd", "preferredAddressTypes": []any{"InternalIP", "ExternalIP", "Hostname"}},
+		},
+		"networkProfile": map[string]any{"address": worker.ip, "port": int64(tenantPort)},
+		"addons":         map[string]any{"coreDNS": map[string]any{}},
+	})
+	start := time.Now()
+	if err := cl.Create(ctx, tcp); err != nil {
+		t.Fatalf("create the TenantControlPlane: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := c.kubectl("-n", "tenants", "get", "tenantcontrolplanes,deployments,pods,services,secrets", "-o", "wide")
+			t.Logf("kubectl get -n tenants:\n%s%v", out, err)
+			out, err = c.kubectl("-n", "tenants", "get", "tenantcontrolplane", "acme", "-o", "jsonpath={.status}")
+			t.Logf("acme's status: %s%v", out, err)
+		}
+	})
+	poll.Within(t, 12*time.Minute, time.Second, "the TenantControlPlane Ready", func() error {
+		if err := context.Cause(kamajiCtx); err != nil {
+			t.Fatal(err)
+		}
+		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
+			return err
+		}
+		st, _, _ := unstructured.NestedString(u.Object, "status", "kubernetesResources", "version", "status")
+		ver, _, _ := unstructured.NestedString(u.Object, "status", "kubernetesResources", "version", "version")
+		if st != "Ready" || ver != version {
+			return fmt.Errorf("status.kubernetesResources.version: %q %q", st, ver)
+		}
+		return nil
+	})
+	ready := time.Now()
+	t.Logf("the TenantControlPlane was Ready %s after it was created", ready.Sub(start).Round(time.Second))
+
+	// Its control plane runs as pods on the worker, from the mirror's
+	// images.
+	out, err := c.kubectl("-n", "tenants", "get", "pods", "-o",
+		`jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {range .spec.containers[*]}{.image} {end}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, image := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if !strings.Contains(out, worker.name+" Running ") || !strings.Contains(out, "registry.k8s.io/"+image+":"+version+" ") {
+			t.Errorf("no pod on %s runs %s %s:\n%s", worker.name, image, version, out)
+		}
+	}
+
+	// Its API answers kubectl, from the LAN, with the admin kubeconfig
+	// Kamaji wrote.
+	var secret corev1.Secret
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: "acme-admin-kubeconfig"}, &secret); err != nil {
+		t.Fatal(err)
+	}
+	tenantKubeconfig := filepath.Join(t.TempDir(), "acme.kubeconfig")
+	if err := os.WriteFile(tenantKubeconfig, secret.Data["admin.conf"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("server: https://%s:%d", worker.ip, tenantPort); !bytes.Contains(secret.Data["admin.conf"], []byte(want)) {
+		t.Errorf("acme's admin kubeconfig has no %q", want)
+	}
+	tenantKubectl := func(args ...string) (string, error) {
+		cmd := c.sw.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", tenantKubeconfig, "--request-timeout", "20s"}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return stdout.String(), nil
+	}
+	if out, err := tenantKubectl("get", "--raw", "/version"); err != nil || !strings.Contains(out, `"gitVersion": "`+version+`"`) {
+		t.Errorf("the tenant's /version: %s %v", out, err)
+	}
+	// The admin kubeconfig's user is in kubeadm:cluster-admins, which
+	// Kamaji binds in the tenant after it reports Ready: until then it is
+	// Forbidden.
+	poll.Within(t, time.Minute, 500*time.Millisecond, "the tenant's namespaces listed as its admin", func() error {
+		out, err := tenantKubectl("get", "ns", "-o", "name")
+		if err == nil && !strings.Contains(out, "namespace/kube-system") {
+			err = fmt.Errorf("no kube-system in %q", out)
+		}
+		return err
+	})
+	t.Logf("its admin listed its namespaces %s after it was Ready", time.Since(ready).Round(100*time.Millisecond))
+	if out, err := tenantKubectl("-n", "kube-system", "get", "deployment", "coredns", "-o", "name"); err != nil {
+		t.Errorf("the CoreDNS add-on in the tenant: %s %v", out, err)
+	}
+
+	// Its state is in the DataStore under its own prefix, and its own
+	// user may read only that.
+	prefix := "/tenants_acme/"
+	if n := countKeys(t, ctx, etcd, prefix); n == 0 {
+		t.Errorf("no key under %s in the DataStore", prefix)
+	}
+	if u, err := etcd.UserGet(ctx, "tenants_acme"); err != nil || len(u.Roles) != 1 || u.Roles[0] != "tenants_acme" {
+		t.Errorf("the tenant's etcd user: %v %v", u, err)
+	}
+	// With the client certificate Kamaji issued its API server, the tenant
+	// reads its own keys and not a neighbour's (one written by root under
+	// the prefix of a tenant "zeta" in the same namespace).
+	if _, err := etcd.Put(ctx, "/tenants_zeta/registry/secrets/default/token", "not acme's"); err != nil {
+		t.Fatal(err)
+	}
+	u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
+		t.Fatal(err)
+	}
+	certSecret, _, _ := unstructured.NestedString(u.Object, "status", "storage", "certificate", "secretName")
+	var etcdCert corev1.Secret
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: certSecret}, &etcdCert); err != nil {
+		t.Fatalf("acme's DataStore certificate (status.storage.certificate.secretName %q): %v", certSecret, err)
+	}
+	asAcme := pki.clientWith(t, c.sw.Expose(t, datastoreAddr), etcdCert.Data["server.crt"], etcdCert.Data["server.key"])
+	if resp, err := asAcme.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count == 0 {
+		t.Errorf("acme reading its own keys: %v %v", resp, err)
+	}
+	if resp, err := asAcme.Get(ctx, "/tenants_zeta/registry/secrets/default/token"); err == nil {
+		t.Errorf("acme read a key of another tenant's prefix: %v", resp.Kvs)
+	}
+	if _, err := etcd.Delete(ctx, "/tenants_zeta/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Deleted: its pods, Secrets, keys, user and role are gone.
+	start = time.Now()
+	if err := cl.Delete(ctx, tcp); err != nil {
+		t.Fatal(err)
+	}
+	poll.Within(t, 5*time.Minute, time.Second, "the TenantControlPlane gone", func() error {
+		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v), finalizers %v", err, u.GetFinalizers())
+		}
+		return nil
+	})
+	t.Logf("the TenantControlPlane was gone %s after its deletion", time.Since(start).Round(time.Second))
+	poll.Within(t, 3*time.Minute, time.Second, "its pods and Secrets gone", func() error {
+		var pods corev1.PodList
+		var secrets corev1.SecretList
+		if err := cl.List(ctx, &pods, client.InNamespace("tenants")); err != nil {
+			return err
+		}
+		if err := cl.List(ctx, &secrets, client.InNamespace("tenants")); err != nil {
+			return err
+		}
+		var left []string
+		for _, p := range pods.Items {
+			left = append(left, "pod/"+p.Name)
+		}
+		for _, s := range secrets.Items {
+			if strings.HasPrefix(s.Name, "acme-") {
+				left = append(left, "secret/"+s.Name)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("left: %s", strings.Join(left, " "))
+		}
+		return nil
+	})
+	if n := countKeys(t, ctx, etcd, prefix); n != 0 {
+		t.Errorf("%d keys under %s after the deletion", n, prefix)
+	}
+	if _, err := etcd.UserGet(ctx, "tenants_acme"); err == nil {
+		t.Error("the tenant's etcd user outlived it")
+	}
+	if _, err := etcd.RoleGet(ctx, "tenants_acme"); err == nil {
+		t.Error("the tenant's etcd role outlived it")
+	}
+}
+
+// kamajiObject is a Kamaji object (kamaji.clastix.io/v1alpha1).
+func kamajiObject(kind, namespace, name string, spec map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	u.SetAPIVersion("kamaji.clastix.io/v1alpha1")
+	u.SetKind(kind)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	if spec != nil {
+		u.Object["spec"] = spec
+	}
+	return u
+}
+
+func countKeys(t *testing.T, ctx context.Context, etcd *clientv3.Client, prefix string) int64 {
+	t.Helper()
+	resp, err := etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatalf("count the keys under %s: %v", prefix, err)
+	}
+	return resp.Count
+}
+
+// datastorePKI is the DataStore's CA (RSA: Kamaji signs each tenant's
+// etcd client certificate with it and reads only PKCS #1 keys), etcd's
+// serving certificate and the root user's client certificate, as PEM.
+type datastorePKI struct {
+	pem map[string][]byte
+	dir string
+}
+
+func newDatastorePKI(t *testing.T) *datastorePKI {
+	t.Helper()
+	p := &datastorePKI{pem: map[string][]byte{}, dir: t.TempDir()}
+	now := time.Now()
+	caKey := p.key(t, "ca.key")
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "datastore-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	p.cert(t, "ca.crt", caTmpl, caTmpl, caKey, caKey)
+	host, _, _ := net.SplitHostPort(datastoreAddr)
+	for i, leaf := range []struct {
+		name  string
+		tmpl  x509.Certificate
+		usage x509.ExtKeyUsage
+	}{
+		{"server", x509.Certificate{Subject: pkix.Name{CommonName: "datastore"}, IPAddresses: []net.IP{net.ParseIP(host), net.IPv4(127, 0, 0, 1)}}, x509.ExtKeyUsageServerAuth},
+		{"root", x509.Certificate{Subject: pkix.Name{CommonName: "root"}}, x509.ExtKeyUsageClientAuth},
+	} {
+		tmpl := leaf.tmpl
+		tmpl.SerialNumber = big.NewInt(int64(i + 2))
+		tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(24*time.Hour)
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{leaf.usage}
+		p.cert(t, leaf.name+".crt", &tmpl, caTmpl, p.key(t, leaf.name+".key"), caKey)
+	}
+	return p
+}
+
+func (p *datastorePKI) key(t *testing.T, name string) *rsa.PrivateKey {
+	t.Helper()
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pem[name] = pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
+	return k
+}
+
+func (p *datastorePKI) cert(t *testing.T, name string, tmpl, parent *x509.Certificate, key, parentKey *rsa.PrivateKey) {
+	t.Helper()
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pem[name] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// file writes name's PEM into a file of the test's, for etcd's flags.
+func (p *datastorePKI) file(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join(p.dir, name)
+	if err := os.WriteFile(path, p.pem[name], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// client is an etcd client at addr (host loopback) as the root user.
+func (p *datastorePKI) client(t *testing.T, addr string) *clientv3.Client {
+	t.Helper()
+	return p.clientWith(t, addr, p.pem["root.crt"], p.pem["root.key"])
+}
+
+// clientWith is an etcd client at addr as the user certPEM names.
+func (p *datastorePKI) clientWith(t *testing.T, addr string, certPEM, keyPEM []byte) *clientv3.Client {
+	t.Helper()
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(p.pem["ca.crt"])
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{"https://" + addr}, DialTimeout: 5 * time.Second,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
