@@ -4,7 +4,7 @@
 #
 #   kamaji    the manager, github.com/clastix/kamaji v1.0.0 with two fixes
 #             (below; CGO_ENABLED=0)
-#   etcd      etcd v3.5.21 for its DataStore (hack/envtest-assets.sh's)
+#   etcd      etcd v3.6.10 for its DataStore (hack/envtest-assets.sh's)
 #   images/   an OCI image layout (as hack/platform-images.sh writes) for
 #             `cozyctl images mirror --from`:
 #               docker.io/clastix/kamaji:v1.0.0
@@ -36,7 +36,7 @@ set -euo pipefail
 version=v1.0.0
 module=github.com/clastix/kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
-etcd_version=v3.5.21  # the 3.5 line Kamaji v1.0.0's chart runs (3.5.6) and its client speaks: the tests' DataStore runs it
+etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/kamajiimages/main.go" ]] || { echo "kamaji: run it from a Cozy source tree" >&2; exit 1; }

@@ -28,6 +28,7 @@ import (
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/internal/testing/workertest"
 	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/tenant/workerimage"
 )
@@ -109,30 +110,7 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 	if hash := caHash(t, filepath.Join(dir, "pki", "ca.crt")); !strings.Contains(userData, hash) {
 		t.Errorf("the provider's user-data does not name the CA hash %s", hash)
 	}
-	seed := nocloudSeed(t, dir, userData)
-	serial := filepath.Join(dir, "serial.log")
-	var qemuOut syncbuf.Buffer
-	qemu := ns.Command(ctx, "qemu-system-x86_64", "-accel", "tcg", "-machine", "pc", "-cpu", "max",
-		"-m", "2048", "-smp", "2", "-display", "none", "-no-user-config", "-nodefaults",
-		"-serial", "file:"+serial,
-		"-drive", "file="+disk+",if=virtio,format=qcow2,readonly=on",
-		"-drive", "file="+seed+",if=virtio,format=raw,readonly=on",
-		"-netdev", "user,id=n0,net=10.0.2.0/24", "-device", "virtio-net-pci,netdev=n0",
-		"-uuid", "1f0e2d3c-4b5a-4697-8877-665544332211")
-	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
-	if err := qemu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- qemu.Wait() }()
-	t.Cleanup(func() {
-		qemu.Process.Kill()
-		<-exited
-		if t.Failed() {
-			log, _ := os.ReadFile(serial)
-			t.Logf("VM serial log:\n%s\nQEMU: %s", log, qemuOut.String())
-		}
-	})
+	vm := workertest.Boot(ctx, t, ns, dir, disk, workertest.Seed(t, dir, node, namespace, userData))
 
 	// The test's own process is outside the namespace: kubectl inside it
 	// reads the Node.
@@ -144,7 +122,7 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 	var info string
 	poll.Until(t, ctx, 2*time.Second, "the worker's Node "+node, func() error {
 		select {
-		case err := <-exited:
+		case err := <-vm.Exited:
 			t.Fatalf("the VM exited: %v", err)
 		default:
 		}
@@ -159,22 +137,7 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 	if f := strings.Fields(info); len(f) < 2 || f[0] != version || f[1] != cluster {
 		t.Errorf("Node %s: %q, want kubelet %s and the node group's label cozy.dev/tenant=%s", node, info, version, cluster)
 	}
-	// kubeadm join ends with its success line, then the agent reports.
-	poll.Until(t, ctx, 2*time.Second, "kubeadm join's success in the serial log", func() error {
-		log, _ := os.ReadFile(serial)
-		for _, want := range []string{"This node has joined the cluster", "cozy-worker: seed applied"} {
-			if !strings.Contains(string(log), want) {
-				return fmt.Errorf("no %q yet", want)
-			}
-		}
-		return nil
-	})
-	log, _ := os.ReadFile(serial)
-	for _, bad := range []string{"runcmd 1 failed", "FATAL"} {
-		if strings.Contains(string(log), bad) {
-			t.Errorf("serial log has %q", bad)
-		}
-	}
+	vm.WaitJoined(ctx, t)
 }
 
 type testWriter struct{ t *testing.T }
@@ -308,24 +271,6 @@ func caHash(t *testing.T, caFile string) string {
 	}
 	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
 	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-// nocloudSeed makes the seed KubeVirt would attach: an ISO 9660 volume
-// labelled cidata with meta-data (CAPK names the VM, and so the host,
-// after the Machine) and the user-data.
-func nocloudSeed(t *testing.T, dir, userData string) string {
-	t.Helper()
-	src := filepath.Join(dir, "seed")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(src, "user-data"), []byte(userData), 0o600)
-	os.WriteFile(filepath.Join(src, "meta-data"), []byte("instance-id: "+node+"."+namespace+"\nlocal-hostname: "+node+"\n"), 0o600)
-	iso := filepath.Join(dir, "seed.iso")
-	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-o", iso, "-V", "cidata", "-J", "-r", src).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso: %v\n%s", err, out)
-	}
-	return iso
 }
 
 func tail(s string, n int) string {
