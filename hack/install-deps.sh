@@ -33,6 +33,8 @@ packages=(
 	openipmi        # ipmi_sim: an IPMI BMC that is not Cozy's, to test that client against
 	python3-sushy   # OpenStack Ironic's Redfish client, to test the lab's BMC against
 	xorriso         # the bootable ISO inside Cozy's tenant worker disk (hack/worker-image.sh)
+	conntrack       # in that disk: kubeadm's preflight needs it before Kubernetes 1.32
+	iptables        # in that disk: kubeadm's preflight needs it before 1.31, CNIs at any version
 )
 
 # `hack/install-deps.sh bench` adds the peers `make bench` compares with.

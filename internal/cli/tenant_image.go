@@ -21,15 +21,15 @@ func newTenantImageBuildCommand(g *Globals) *cobra.Command {
 	var o workerimage.Options
 	var out string
 	cmd := &cobra.Command{
-		Use:   "build --version VERSION --out DIR --kernel DIR --kubernetes DIR --runtime DIR --syslinux DIR --agent FILE",
+		Use:   "build --version VERSION --out DIR --kernel DIR --kubernetes DIR --runtime DIR --syslinux DIR --agent FILE --crictl FILE",
 		Short: "Build a tenant worker disk (KubeVirt containerDisk) for one Kubernetes version",
 		Long: `Build Cozy's tenant worker image for one Kubernetes version into DIR, an
 OCI image layout (for cozyctl images mirror --from DIR), with the qcow2
 also at DIR/disk/ to boot without KubeVirt.
 
 The disk boots (BIOS, ISOLINUX) a kernel and an initramfs that hold the
-whole node: containerd, runc, the CNI plugins, kubelet and kubeadm of
-that version, and cozy-worker, which applies the NoCloud seed KubeVirt
+whole node: containerd, runc, the CNI plugins, crictl, conntrack,
+iptables, kubelet and kubeadm of that version, and cozy-worker, which applies the NoCloud seed KubeVirt
 attaches (the kubeadm bootstrap provider's kubeadm join) and runs the
 kubelet. Its inputs are built binaries: hack/worker-image.sh (make
 worker-image) builds them all from the Go module proxy and Debian and
@@ -55,9 +55,13 @@ runs this command. Same inputs, same digest.`,
 	f.StringVar(&o.Syslinux, "syslinux", "", "directory with isolinux.bin, ldlinux.c32 and isohdpfx.bin (Debian's isolinux, syslinux-common)")
 	f.StringVar(&o.Agent, "agent", "", "static cozy-worker binary")
 	f.StringVar(&o.Busybox, "busybox", "/bin/busybox", "static busybox (Debian busybox-static)")
+	f.StringVar(&o.Crictl, "crictl", "", "static crictl (sigs.k8s.io/cri-tools)")
 	f.StringVar(&o.Runc, "runc", "/usr/sbin/runc", "runc (Debian's; its libraries ride along)")
+	f.StringVar(&o.Conntrack, "conntrack", "/usr/sbin/conntrack", "conntrack (Debian's; its libraries ride along)")
+	f.StringVar(&o.Iptables, "iptables", "/usr/sbin/xtables-nft-multi", "iptables (Debian's xtables-nft-multi; its libraries ride along)")
+	f.StringVar(&o.Xtables, "xtables", "/usr/lib/x86_64-linux-gnu/xtables", "iptables' extensions (Debian's)")
 	f.StringVar(&o.Ref, "ref", "", "image name (default "+workerimage.DefaultRepository+":VERSION)")
-	for _, name := range []string{"version", "out", "kernel", "kubernetes", "runtime", "syslinux", "agent"} {
+	for _, name := range []string{"version", "out", "kernel", "kubernetes", "runtime", "syslinux", "agent", "crictl"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	_ = g

@@ -53,9 +53,18 @@ type Options struct {
 	RuntimeDir string
 	// Agent is a statically linked cozy-worker (make build).
 	Agent string
-	// Busybox (static) and Runc (its libraries ride along); defaults
-	// /bin/busybox and /usr/sbin/runc.
-	Busybox, Runc string
+	// Crictl is a statically linked crictl (sigs.k8s.io/cri-tools), for
+	// whoever debugs the node and for kubeadm's preflight, which requires
+	// it before Kubernetes 1.31.
+	Crictl string
+	// Busybox (static); Runc, Conntrack and Iptables (Debian's
+	// xtables-nft-multi, with its extensions in Xtables), whose libraries
+	// ride along. kubeadm's preflight requires conntrack before
+	// Kubernetes 1.32 and iptables before 1.31; CNIs that program
+	// iptables need it at any version. Defaults: /bin/busybox,
+	// /usr/sbin/runc, /usr/sbin/conntrack, /usr/sbin/xtables-nft-multi,
+	// /usr/lib/x86_64-linux-gnu/xtables.
+	Busybox, Runc, Conntrack, Iptables, Xtables string
 	// Syslinux holds isolinux.bin, ldlinux.c32 and isohdpfx.bin
 	// (Debian's isolinux and syslinux-common, extracted).
 	Syslinux string
@@ -99,6 +108,7 @@ func (o Options) withDefaults() (Options, error) {
 		{o.KubernetesDir, "no kubelet and kubeadm: give their directory (hack/worker-image.sh builds them)"},
 		{o.RuntimeDir, "no containerd and CNI plugins: give the directory hack/node-assets.sh prints"},
 		{o.Agent, "no cozy-worker binary: make build writes bin/cozy-worker"},
+		{o.Crictl, "no crictl: hack/worker-image.sh builds it from sigs.k8s.io/cri-tools"},
 		{o.Syslinux, "no ISOLINUX: give a directory with isolinux.bin, ldlinux.c32 and isohdpfx.bin"},
 	} {
 		if f.v == "" {
@@ -108,8 +118,18 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Busybox == "" {
 		o.Busybox = "/bin/busybox"
 	}
-	if o.Runc == "" {
-		o.Runc = "/usr/sbin/runc"
+	for _, d := range []struct {
+		v   *string
+		def string
+	}{
+		{&o.Runc, "/usr/sbin/runc"},
+		{&o.Conntrack, "/usr/sbin/conntrack"},
+		{&o.Iptables, "/usr/sbin/xtables-nft-multi"},
+		{&o.Xtables, "/usr/lib/x86_64-linux-gnu/xtables"},
+	} {
+		if *d.v == "" {
+			*d.v = d.def
+		}
 	}
 	if o.Ref == "" {
 		o.Ref = DefaultRepository + ":" + o.Version
@@ -283,18 +303,36 @@ func (o Options) initramfs() ([]byte, error) {
 		{filepath.Join(o.KubernetesDir, "kubeadm"), "bin/kubeadm", 0o755, true},
 		{filepath.Join(o.RuntimeDir, "bin", "containerd"), "bin/containerd", 0o755, true},
 		{filepath.Join(o.RuntimeDir, "bin", "containerd-shim-runc-v2"), "bin/containerd-shim-runc-v2", 0o755, true},
+		{o.Crictl, "bin/crictl", 0o755, true},
 		{o.Runc, "bin/runc", 0o755, false},
+		{o.Conntrack, "bin/conntrack", 0o755, false},
+		{o.Iptables, "bin/xtables-nft-multi", 0o755, false},
 		{filepath.Join(o.KernelDir, "config"), "boot/config", 0o644, false},
 	}
 	for _, p := range CNIPlugins {
 		files = append(files, file{filepath.Join(o.RuntimeDir, "cni", "bin", p), "opt/cni/bin/" + p, 0o755, true})
 	}
-	libs, err := initramfs.SharedLibraries(o.Runc)
-	if err != nil {
-		return nil, err
+	// iptables loads its matches and targets from its extension
+	// directory at run time.
+	extensions, err := filepath.Glob(filepath.Join(o.Xtables, "*.so"))
+	if err != nil || len(extensions) == 0 {
+		return nil, fmt.Errorf("no iptables extensions in %s (Debian's iptables): %v", o.Xtables, err)
 	}
-	for _, l := range libs {
-		files = append(files, file{l.Src, l.Dst, 0o755, false})
+	for _, e := range extensions {
+		files = append(files, file{e, "usr/lib/x86_64-linux-gnu/xtables/" + filepath.Base(e), 0o644, false})
+	}
+	seen := map[string]bool{}
+	for _, bin := range append([]string{o.Runc, o.Conntrack, o.Iptables}, extensions...) {
+		libs, err := initramfs.SharedLibraries(bin)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range libs {
+			if !seen[l.Dst] {
+				seen[l.Dst] = true
+				files = append(files, file{l.Src, l.Dst, 0o755, false})
+			}
+		}
 	}
 	order, err := os.ReadFile(filepath.Join(o.KernelDir, "modules.order"))
 	if err != nil {
@@ -316,6 +354,9 @@ func (o Options) initramfs() ([]byte, error) {
 		a.Dir(d, 0o755)
 	}
 	a.Symlink("bin/sh", "busybox")
+	for _, name := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
+		a.Symlink("bin/"+name, "xtables-nft-multi")
+	}
 	a.File("init", 0o755, []byte(strings.ReplaceAll(initScript, "@VERSION@", o.Version)))
 	a.File("etc/udhcpc.script", 0o755, []byte(nodeimage.DHCPHook))
 	a.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"))
