@@ -28,6 +28,9 @@ GO_ENV := CGO_ENABLED=0 GOFLAGS='-trimpath $(GOFLAGS)'
 K8S_PREVIOUS ?= v1.35.4
 # The Kubernetes version `make worker-image` builds the tenant worker image for.
 K8S_VERSION ?= v1.36.3
+# The Kubernetes version of the tenant Kamaji runs in `make e2e`: the newest
+# Kamaji v1.0.0 serves (hack/kamaji.sh).
+KAMAJI_K8S := v1.30.2
 
 .PHONY: help
 help: ## List the targets
@@ -106,14 +109,15 @@ worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for K
 	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
-e2e: build envtest flux node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes (root)
+e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes that a worker VM of Cozy's image joins (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 90m -run 'TestLabPlatform$$' -v ./lab/
 	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
-	$(NODE_ENV) COZY_KAMAJI="$$(hack/kamaji.sh)" \
+	$(NODE_ENV) COZY_KAMAJI="$$(hack/kamaji.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
+		COZY_KAMAJI_WORKER_IMAGE="$$(hack/worker-image.sh $(KAMAJI_K8S))" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 25m -run 'TestKamajiServesATenant$$' -v ./lab/talosnode/
 
 .PHONY: bench

@@ -16,19 +16,29 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/internal/testing/workertest"
+	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/operators/tenantcluster"
+	"cozy.dev/cozy/tenant/workerimage"
 )
 
 const (
@@ -39,24 +49,32 @@ const (
 
 // TestKamajiServesATenant: Kamaji, built from its module, runs a tenant
 // control plane as pods on real nodes, with its state in an etcd
-// DataStore, and deleting it removes every trace. Kamaji's manager runs
-// as a process on the nodes' LAN (its webhooks served to the API server
-// from there), the DataStore is an etcd with client-certificate auth
-// (and etcd auth on, as kamaji-etcd sets it up) on the same LAN, and the
-// TenantControlPlane's kube-apiserver, controller-manager and scheduler
-// run as pods on the worker from images built here and served by the
-// mirror. The tenant's API answers kubectl through the admin kubeconfig
-// Kamaji writes, on a NodePort of the worker's address. Its keys sit
-// under its own prefix in the DataStore, readable by its own etcd user
-// only; once it is deleted, its pods, Secrets, keys, user and role are
-// gone.
+// DataStore; a worker booted from Cozy's own image joins it; deleting it
+// removes every trace. Kamaji's manager runs as a process on the nodes'
+// LAN (its webhooks served to the API server from there), the DataStore
+// is an etcd with client-certificate auth (and etcd auth on, as
+// kamaji-etcd sets it up) on the same LAN, and the TenantControlPlane's
+// kube-apiserver, controller-manager and scheduler run as pods on the
+// worker node from images built here and served by the mirror. The
+// tenant's API answers kubectl through the admin kubeconfig Kamaji
+// writes, on a NodePort of the worker node's address. The real kubeadm
+// bootstrap provider, running against the same management cluster,
+// renders the user-data of a Machine of cozy-operator's node group, and
+// Cozy's worker image boots with it under QEMU: its Node registers in the
+// tenant. The tenant's keys sit under its own prefix in the DataStore,
+// readable by its own etcd user and no other prefix; once it is deleted,
+// its pods, the Secrets Kamaji made, its keys, user and role are gone.
 //
 // Not here: the TenantControlPlane is written by the test, as the Kamaji
 // control-plane provider would write it from cozy-operator's
-// KamajiControlPlane (the provider cannot be built: docs/tenants.md), and
-// without Konnectivity (no image built for it).
+// KamajiControlPlane, and so are the Cluster API objects that provider
+// and the core controller would write (neither can be built:
+// docs/tenants.md); no Konnectivity (no image built for it); the worker
+// boots in QEMU, not under KubeVirt; Kubernetes v1.30.2, the newest
+// Kamaji v1.0.0 serves.
 func TestKamajiServesATenant(t *testing.T) {
 	kamaji := testenv.Kamaji(t)
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's clients here log nothing worth reading
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx, "controlplane", "worker")
@@ -270,6 +288,23 @@ func TestKamajiServesATenant(t *testing.T) {
 		t.Errorf("the CoreDNS add-on in the tenant: %s %v", out, err)
 	}
 
+	// A worker joins it: the real kubeadm bootstrap provider renders the
+	// user-data of a Machine of cozy-operator's node group, and Cozy's
+	// worker image boots with it under QEMU.
+	joinWorker(ctx, t, c, worker, secret.Data["admin.conf"], version)
+	start = time.Now()
+	poll.Within(t, 10*time.Minute, 2*time.Second, "the worker's Node in the tenant", func() error {
+		out, err := tenantKubectl("get", "node", workerMachine, "-o", `jsonpath={.status.nodeInfo.kubeletVersion} {.metadata.labels.cozy\.dev/tenant}`)
+		if err != nil {
+			return err
+		}
+		if out != version+" acme" {
+			return fmt.Errorf("Node %s: kubelet and tenant label %q", workerMachine, out)
+		}
+		return nil
+	})
+	t.Logf("Node %s registered in the tenant %s after the VM started", workerMachine, time.Since(start).Round(time.Second))
+
 	// Its state is in the DataStore under its own prefix, and its own
 	// user may read only that.
 	prefix := "/tenants_acme/"
@@ -305,7 +340,23 @@ func TestKamajiServesATenant(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Deleted: its pods, Secrets, keys, user and role are gone.
+	// Deleted: its pods, the Secrets Kamaji made for it, its keys, user
+	// and role are gone.
+	var secrets corev1.SecretList
+	if err := cl.List(ctx, &secrets, client.InNamespace("tenants")); err != nil {
+		t.Fatal(err)
+	}
+	var kamajiSecrets []string
+	for _, s := range secrets.Items {
+		for _, o := range s.OwnerReferences {
+			if o.Kind == "TenantControlPlane" && o.Name == "acme" {
+				kamajiSecrets = append(kamajiSecrets, s.Name)
+			}
+		}
+	}
+	if len(kamajiSecrets) < 5 {
+		t.Errorf("Secrets owned by the TenantControlPlane: %v", kamajiSecrets)
+	}
 	start = time.Now()
 	if err := cl.Delete(ctx, tcp); err != nil {
 		t.Fatal(err)
@@ -332,7 +383,7 @@ func TestKamajiServesATenant(t *testing.T) {
 			left = append(left, "pod/"+p.Name)
 		}
 		for _, s := range secrets.Items {
-			if strings.HasPrefix(s.Name, "acme-") {
+			if slices.Contains(kamajiSecrets, s.Name) {
 				left = append(left, "secret/"+s.Name)
 			}
 		}
@@ -350,6 +401,92 @@ func TestKamajiServesATenant(t *testing.T) {
 	if _, err := etcd.RoleGet(ctx, "tenants_acme"); err == nil {
 		t.Error("the tenant's etcd role outlived it")
 	}
+}
+
+// workerMachine is the tenant's worker Machine, as a MachineSet of node
+// group md0 names it.
+const workerMachine = "acme-md-0-x7k2p"
+
+// joinWorker runs the Cluster API kubeadm bootstrap provider's manager
+// against the management cluster, in a namespace of its own on the LAN,
+// with the Cluster API kinds it needs; writes what Cluster API and the
+// Kamaji provider would for the tenant (the Cluster, its -kubeconfig
+// Secret from Kamaji's admin kubeconfig; its -ca Secret is Kamaji's own),
+// a Machine and a KubeadmConfig cloned from the template cozy-operator
+// builds for a TenantCluster acme at version; and boots Cozy's worker
+// image with the user-data the provider renders, its network QEMU's user
+// network from the LAN.
+func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode, adminKubeconfig []byte, version string) {
+	t.Helper()
+	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
+	manager := testenv.KubeadmBootstrapManager(t)
+	var sources []testenv.CRDSource
+	for _, src := range testenv.UpstreamCRDs() {
+		if src.Module == "sigs.k8s.io/cluster-api" {
+			sources = append(sources, src)
+		}
+	}
+	crds, err := testenv.LoadCRDs(ctx, sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(rc, client.Options{Scheme: workertest.Scheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range crds {
+		if err := clusterClient(t, c).Create(ctx, crd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Kamaji's webhook server holds port 9443 on the bridge's namespace:
+	// the provider gets a namespace, and an address, of its own.
+	capi := netnstest.New(t, "capi")
+	netnstest.Veth(t, capi, "eth0", clusterSubnet+".3/24", c.sw, "p-capi", "")
+	c.sw.IP(t, "link", "set", "p-capi", "master", "br0")
+	ctx, exited := context.WithCancelCause(ctx)
+	t.Cleanup(func() { exited(nil) })
+	testenv.StartCAPIManager(t, capi, manager, c.kubeconfig, testenv.WebhookCertDir(t), exited)
+
+	tc := &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
+		Spec: v1.TenantClusterSpec{
+			Version: version,
+			NodeGroups: []v1.NodeGroup{{
+				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
+				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
+				Labels:    map[string]string{"cozy.dev/tenant": "acme"},
+			}},
+		},
+	}
+	children, err := tenantcluster.Desired(tc, version, tenantcluster.WorkerImages{Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true})
+	if err != nil || len(children.Groups) != 1 {
+		t.Fatalf("the operator's children: %v (%d groups)", err, len(children.Groups))
+	}
+	poll.Within(t, time.Minute, time.Second, "the Cluster API kinds established", func() error {
+		var list unstructured.UnstructuredList
+		list.SetAPIVersion("bootstrap.cluster.x-k8s.io/v1beta2")
+		list.SetKind("KubeadmConfigList")
+		return cl.List(ctx, &list, client.InNamespace("tenants"))
+	})
+	userData := workertest.RenderUserData(ctx, t, cl, workertest.Machine{
+		Namespace: "tenants", Cluster: "acme", Name: workerMachine, Version: version,
+		Host: worker.ip, Port: tenantPort, Kubeconfig: adminKubeconfig,
+		BootstrapTemplate: children.Groups[0].BootstrapTemplate,
+	})
+	dir := t.TempDir()
+	vm := workertest.Boot(ctx, t, c.sw, dir, filepath.Join(images, "disk", workerimage.DiskName(version)), workertest.Seed(t, dir, workerMachine, "tenants", userData))
+	t.Cleanup(func() {
+		select {
+		case err := <-vm.Exited:
+			t.Errorf("the worker VM exited before the test ended: %v", err)
+		default:
+		}
+	})
 }
 
 // kamajiObject is a Kamaji object (kamaji.clastix.io/v1alpha1).

@@ -53,7 +53,9 @@ type Machine struct {
 	Port int32
 	// CACert, CAKey and Kubeconfig are the tenant's CA and an admin
 	// kubeconfig, which the control plane provider copies into the
-	// Cluster's -ca and -kubeconfig Secrets.
+	// Cluster's -ca and -kubeconfig Secrets. Without CACert the -ca
+	// Secret is the control plane's own (Kamaji's NAME-ca holds tls.crt
+	// and tls.key for Cluster API, and its provider leaves it be).
 	CACert, CAKey, Kubeconfig []byte
 	// BootstrapTemplate is cozy-operator's KubeadmConfigTemplate for the
 	// Machine's node group.
@@ -77,11 +79,13 @@ func RenderUserData(ctx context.Context, t *testing.T, c client.Client, m Machin
 		}
 	}
 	labels := map[string]string{clusterv1.ClusterNameLabel: m.Cluster}
-	create(&corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: m.Cluster + "-ca", Namespace: m.Namespace, Labels: labels},
-		Type:       clusterv1.ClusterSecretType,
-		Data:       map[string][]byte{corev1.TLSCertKey: m.CACert, corev1.TLSPrivateKeyKey: m.CAKey},
-	})
+	if m.CACert != nil {
+		create(&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: m.Cluster + "-ca", Namespace: m.Namespace, Labels: labels},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{corev1.TLSCertKey: m.CACert, corev1.TLSPrivateKeyKey: m.CAKey},
+		})
+	}
 	create(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: m.Cluster + "-kubeconfig", Namespace: m.Namespace, Labels: labels},
 		Type:       clusterv1.ClusterSecretType,
