@@ -23,10 +23,13 @@ import (
 
 	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,19 +46,18 @@ import (
 
 const (
 	datastoreAddr = clusterSubnet + ".1:2379" // Kamaji's etcd DataStore, beside the mirror
-	kamajiAddr    = clusterSubnet + ".1"      // where Kamaji's webhook server listens
 	tenantPort    = 31443                     // the tenant API's NodePort
 )
 
 // TestKamajiServesATenant: Kamaji, built from its module, runs a tenant
 // control plane as pods on real nodes, with its state in an etcd
 // DataStore; a worker booted from Cozy's own image joins it; deleting it
-// removes every trace. Kamaji's manager runs as a process on the nodes'
-// LAN (its webhooks served to the API server from there), the DataStore
-// is an etcd with client-certificate auth (and etcd auth on, as
-// kamaji-etcd sets it up) on the same LAN, and the TenantControlPlane's
-// kube-apiserver, controller-manager and scheduler run as pods on the
-// worker node from images built here and served by the mirror. The
+// removes every trace. Kamaji's manager runs as a pod from its image
+// built here and served by the mirror (its webhooks behind a Service),
+// the DataStore is an etcd with client-certificate auth (and etcd auth
+// on, as kamaji-etcd sets it up) on the nodes' LAN, and the
+// TenantControlPlane's kube-apiserver, controller-manager and scheduler
+// run as pods on the worker node from images built here too. The
 // tenant's API answers kubectl through the admin kubeconfig Kamaji
 // writes, on a NodePort of the worker node's address. The real kubeadm
 // bootstrap provider, running against the same management cluster,
@@ -152,40 +154,10 @@ func TestKamajiServesATenant(t *testing.T) {
 		return cl.Create(ctx, datastore)
 	})
 
-	// Kamaji, and its webhooks once it serves them. It reaches a tenant's
-	// API at its Service's name (https://NAME.NAMESPACE.svc:PORT), which
-	// only a cluster's DNS knows: here the name is the worker's address,
-	// where the Service's NodePort (the same port) answers.
+	// Kamaji runs as its chart runs it: a pod of its image from the
+	// mirror, with its ClusterRole, its webhooks behind a Service.
+	deployKamaji(ctx, t, c, cl)
 	worker := c.nodes[1]
-	c.sw.Hosts(t, worker.ip+" acme.tenants.svc")
-	kamajiCtx, kamajiExited := context.WithCancelCause(ctx)
-	defer kamajiExited(nil)
-	certDir := testenv.WebhookCertDir(t, net.ParseIP(kamajiAddr))
-	testenv.StartKamaji(t, c.sw, kamaji, c.kubeconfig, certDir, "default", kamajiExited)
-	webhookAddr := net.JoinHostPort(kamajiAddr, fmt.Sprint(testenv.KamajiWebhookPort))
-	poll.Within(t, 2*time.Minute, 200*time.Millisecond, "Kamaji's webhook server", func() error {
-		if err := context.Cause(kamajiCtx); err != nil {
-			t.Fatal(err)
-		}
-		conn, err := c.sw.DialContext(ctx, "tcp", webhookAddr)
-		if err == nil {
-			conn.Close()
-		}
-		return err
-	})
-	caPEM, err := os.ReadFile(filepath.Join(certDir, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hooks, err := testenv.KamajiWebhooks(ctx, "https://"+webhookAddr, caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range hooks {
-		if err := cl.Create(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// A tenant control plane as the Kamaji provider writes it from
 	// cozy-operator's KamajiControlPlane (desiredKamajiControlPlane): one
@@ -218,9 +190,6 @@ func TestKamajiServesATenant(t *testing.T) {
 		}
 	})
 	poll.Within(t, 12*time.Minute, time.Second, "the TenantControlPlane Ready", func() error {
-		if err := context.Cause(kamajiCtx); err != nil {
-			t.Fatal(err)
-		}
 		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
 			return err
@@ -400,6 +369,110 @@ func TestKamajiServesATenant(t *testing.T) {
 	}
 	if _, err := etcd.RoleGet(ctx, "tenants_acme"); err == nil {
 		t.Error("the tenant's etcd role outlived it")
+	}
+}
+
+// deployKamaji runs Kamaji's manager as a Deployment in kamaji-system
+// from the image hack/kamaji.sh built (in the mirror), as its chart
+// would with the values Cozy's platform gives it: the ClusterRole from
+// its module, a ServiceAccount, the webhook server's certificate in a
+// Secret (a throwaway CA in place of cert-manager), the webhooks behind
+// the Service kamaji-webhook-service, telemetry off, the DataStore
+// "default". It returns once the API server calls its webhooks.
+func deployKamaji(ctx context.Context, t *testing.T, c *procCluster, cl client.Client) {
+	t.Helper()
+	const ns, name, service = "kamaji-system", "kamaji", "kamaji-webhook-service"
+	role, err := testenv.KamajiClusterRole(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certDir := testenv.WebhookCertDir(t, service+"."+ns+".svc")
+	certs := map[string][]byte{}
+	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		if certs[f], err = os.ReadFile(filepath.Join(certDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	labels := map[string]string{"app.kubernetes.io/name": name}
+	nonRoot := int64(65532)
+	objs := []client.Object{
+		role,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
+		},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-webhook-server-cert", Namespace: ns}, Data: certs},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
+				Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.KamajiWebhookPort)}}},
+		},
+		&appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{
+						ServiceAccountName: name,
+						SecurityContext:    &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: &nonRoot},
+						Containers: []corev1.Container{{
+							Name: "manager", Image: testenv.KamajiImage,
+							Args: []string{"manager",
+								"--datastore=default", "--disable-telemetry", "--leader-elect=false",
+								"--health-probe-bind-address=:8081", "--metrics-bind-address=0",
+								"--tmp-directory=/tmp/kamaji", "--webhook-ca-path=/tmp/k8s-webhook-server/serving-certs/ca.crt",
+								"--pod-namespace=" + ns, "--serviceaccount-name=" + name, "--webhook-service-name=" + service,
+								"--migrate-image=" + testenv.KamajiImage},
+							Ports: []corev1.ContainerPort{{Name: "webhook", ContainerPort: testenv.KamajiWebhookPort}},
+							ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+								HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8081)}}},
+							VolumeMounts: []corev1.VolumeMount{
+								{Name: "certs", MountPath: "/tmp/k8s-webhook-server/serving-certs", ReadOnly: true},
+								{Name: "tmp", MountPath: "/tmp/kamaji"},
+							},
+						}},
+						Volumes: []corev1.Volume{
+							{Name: "certs", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: name + "-webhook-server-cert"}}},
+							{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+						},
+					},
+				},
+			},
+		},
+	}
+	for _, o := range objs {
+		if err := cl.Create(ctx, o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := c.kubectl("-n", ns, "logs", "deploy/"+name, "--tail=80")
+			t.Logf("Kamaji's log:\n%s%v", out, err)
+		}
+	})
+	poll.Within(t, 5*time.Minute, time.Second, "Kamaji's pod ready", func() error {
+		out, err := c.kubectl("-n", ns, "get", "pods", "-l", "app.kubernetes.io/name="+name, "-o",
+			`jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}`)
+		if err != nil {
+			return err
+		}
+		if f := strings.Fields(out); len(f) != 4 || f[2] != "true" {
+			return fmt.Errorf("pods: %q", out)
+		}
+		return nil
+	})
+	hooks, err := testenv.KamajiWebhooks(ctx, ns, service, certs["ca.crt"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if err := cl.Create(ctx, h); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

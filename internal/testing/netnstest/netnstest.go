@@ -60,8 +60,6 @@ func sweepOrphans() {
 		}
 		killInside(e.Name())
 		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
-		_ = os.RemoveAll("/etc/netns/" + e.Name()) // Hosts'
-
 	}
 }
 
@@ -106,23 +104,6 @@ func New(t testing.TB, label string) *NS {
 	ns := &NS{Name: name}
 	ns.IP(t, "link", "set", "lo", "up")
 	return ns
-}
-
-// Hosts gives the programs Command starts in the namespace their own
-// /etc/hosts (`ip netns exec` binds /etc/netns/NAME/hosts over it), with
-// localhost and the lines given ("ADDRESS NAME..."), for programs that
-// expect a cluster's DNS names; it is removed when the test ends.
-func (n *NS) Hosts(t testing.TB, lines ...string) {
-	t.Helper()
-	dir := "/etc/netns/" + n.Name
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	hosts := "127.0.0.1 localhost\n::1 localhost\n" + strings.Join(lines, "\n") + "\n"
-	if err := os.WriteFile(dir+"/hosts", []byte(hosts), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // IP runs `ip ARGS...` inside the namespace.

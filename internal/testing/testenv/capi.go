@@ -52,11 +52,11 @@ func capiBinary(t testing.TB, name string) string {
 }
 
 // WebhookCertDir writes a throwaway self-signed serving certificate for
-// localhost and ips as tls.crt and tls.key, and as ca.crt (it is its own
-// CA), into a directory of the test's, for managers (like Cluster API's)
-// whose webhook server cannot be turned off and will not start without
-// one.
-func WebhookCertDir(t testing.TB, ips ...net.IP) string {
+// localhost and hosts (addresses or DNS names) as tls.crt and tls.key,
+// and as ca.crt (it is its own CA), into a directory of the test's, for
+// managers (like Cluster API's) whose webhook server cannot be turned
+// off and will not start without one.
+func WebhookCertDir(t testing.TB, hosts ...string) string {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -67,11 +67,18 @@ func WebhookCertDir(t testing.TB, ips ...net.IP) string {
 		SerialNumber: big.NewInt(1),
 		Subject:      pkix.Name{CommonName: "localhost"},
 		DNSNames:     []string{"localhost"},
-		IPAddresses:  append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, ips...),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -106,13 +113,16 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 			src = s
 		}
 	}
-	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", baseURL, caPEM)
+	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
+		return map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+	})
 }
 
 // moduleWebhooks reads the mutating and validating webhook
-// configurations of file in module@version, renamed with prefix and
-// pointed at baseURL, trusting caPEM.
-func moduleWebhooks(ctx context.Context, module, version, file, prefix, baseURL string, caPEM []byte) ([]client.Object, error) {
+// configurations of file in module@version, renamed with prefix, each
+// webhook's clientConfig made by clientConfig from the path upstream's
+// service reference names.
+func moduleWebhooks(ctx context.Context, module, version, file, prefix string, clientConfig func(path string) map[string]any) ([]client.Object, error) {
 	dir, err := ModuleDir(ctx, module, version)
 	if err != nil {
 		return nil, err
@@ -148,7 +158,7 @@ func moduleWebhooks(ctx context.Context, module, version, file, prefix, baseURL 
 			if !ok {
 				return nil, fmt.Errorf("%s: webhook %v has no service path", file, hook["name"])
 			}
-			hook["clientConfig"] = map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+			hook["clientConfig"] = clientConfig(path)
 		}
 		if err := unstructured.SetNestedSlice(u.Object, hooks, "webhooks"); err != nil {
 			return nil, err

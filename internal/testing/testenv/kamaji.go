@@ -2,18 +2,23 @@ package testenv
 
 import (
 	"context"
+	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"cozy.dev/cozy/internal/testing/netnstest"
+	"sigs.k8s.io/yaml"
 )
 
 // KamajiVersion is the Kamaji hack/kamaji.sh builds: the only one the
 // module proxy serves (docs/images.md).
 const KamajiVersion = "v1.0.0"
+
+// KamajiImage is the image hack/kamaji.sh packs Kamaji's manager into.
+const KamajiImage = "docker.io/clastix/kamaji:" + KamajiVersion
 
 // KamajiCRDs is where Kamaji keeps its CRDs (DataStore,
 // TenantControlPlane), without the conversion-webhook patch: v1alpha1 is
@@ -28,46 +33,42 @@ func Kamaji(t testing.TB) string {
 }
 
 // KamajiWebhooks returns Kamaji's admission webhook configurations, read
-// from its module, pointed at a manager's webhook server at baseURL
-// (https://HOST:9443) and trusting caPEM, where a cluster would use the
-// webhook Service and cert-manager's CA.
-func KamajiWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.Object, error) {
-	return moduleWebhooks(ctx, KamajiCRDs.Module, KamajiCRDs.Version, "config/webhook/manifests.yaml", "kamaji-", baseURL, caPEM)
+// from its module, pointed at the Service namespace/service (port 443)
+// in front of its manager and trusting caPEM, where its chart would use
+// cert-manager's CA.
+func KamajiWebhooks(ctx context.Context, namespace, service string, caPEM []byte) ([]client.Object, error) {
+	return moduleWebhooks(ctx, KamajiCRDs.Module, KamajiCRDs.Version, "config/webhook/manifests.yaml", "kamaji-", func(path string) map[string]any {
+		return map[string]any{
+			"service":  map[string]any{"namespace": namespace, "name": service, "path": path, "port": int64(443)},
+			"caBundle": base64.StdEncoding.EncodeToString(caPEM),
+		}
+	})
 }
 
-// KamajiWebhookPort is where Kamaji serves its webhooks (fixed in its
-// manager).
+// KamajiClusterRole returns the ClusterRole Kamaji's manager needs, read
+// from its module (config/rbac/role.yaml, which controller-gen makes
+// from its RBAC markers), named name.
+func KamajiClusterRole(ctx context.Context, name string) (*rbacv1.ClusterRole, error) {
+	dir, err := ModuleDir(ctx, KamajiCRDs.Module, KamajiCRDs.Version)
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "config", "rbac", "role.yaml")
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict(data, &role); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if role.Kind != "ClusterRole" || len(role.Rules) == 0 {
+		return nil, fmt.Errorf("%s: a %s with %d rules, want a ClusterRole", file, role.Kind, len(role.Rules))
+	}
+	role.Name = name
+	return &role, nil
+}
+
+// KamajiWebhookPort is where Kamaji's manager serves its webhooks (fixed
+// in its code).
 const KamajiWebhookPort = 9443
-
-// StartKamaji runs Kamaji's manager from dir (Kamaji's) in ns until the
-// test ends, against the API server of kubeconfig, with datastore as
-// its default DataStore (which must exist: Kamaji checks before it
-// starts), its webhook server on KamajiWebhookPort with certDir's
-// certificate (WebhookCertDir's), telemetry, metrics, health probes and
-// leader election off. If it exits before, exited is called with why.
-func StartKamaji(t testing.TB, ns *netnstest.NS, dir, kubeconfig, certDir, datastore string, exited context.CancelCauseFunc) {
-	t.Helper()
-	// controller-runtime's webhook server reads its certificate from
-	// $TMPDIR/k8s-webhook-server/serving-certs, which Kamaji gives no
-	// flag for.
-	tmp := t.TempDir()
-	serving := filepath.Join(tmp, "k8s-webhook-server", "serving-certs")
-	if err := os.MkdirAll(filepath.Dir(serving), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(certDir, serving); err != nil {
-		t.Fatal(err)
-	}
-	StartProcess(t, ns, filepath.Join(dir, "kamaji"), []string{"manager",
-		"--datastore=" + datastore,
-		"--disable-telemetry",
-		"--metrics-bind-address=0",
-		"--health-probe-bind-address=0",
-		"--leader-elect=false",
-		"--tmp-directory=" + filepath.Join(tmp, "kamaji"),
-		"--webhook-ca-path=" + filepath.Join(certDir, "ca.crt"),
-		"--pod-namespace=kamaji-system",
-		"--serviceaccount-name=kamaji",
-		"--migrate-image=docker.io/clastix/kamaji:" + KamajiVersion,
-	}, []string{"KUBECONFIG=" + kubeconfig, "TMPDIR=" + tmp}, exited)
-}
