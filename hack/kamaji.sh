@@ -40,6 +40,8 @@ etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-im
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/kamajiimages/main.go" ]] || { echo "kamaji: run it from a Cozy source tree" >&2; exit 1; }
+# shellcheck source=hack/debroot.sh
+source "$repo/hack/debroot.sh"
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 (($# == 0)) || { echo "usage: hack/kamaji.sh (prints the directory)" >&2; exit 2; }
 log() { echo "kamaji: $*" >&2; }
@@ -52,7 +54,7 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
-	cat hack/kamaji.sh hack/kamajiimages/main.go
+	cat hack/kamaji.sh hack/debroot.sh hack/kamajiimages/main.go
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
 out="$cache_root/kamaji/${version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
@@ -116,10 +118,7 @@ fix internal/resources/datastore/datastore_storage_config.go \
 "$work/kamaji.bin" manager --help >/dev/null 2>&1 || die "the built Kamaji does not run"
 
 log "Debian ca-certificates $ca_deb"
-apt_opts=(-q)
-((EUID != 0)) || apt_opts+=(-o APT::Sandbox::User=root)
-(cd "$work" && apt-get download "${apt_opts[@]}" "ca-certificates=$ca_deb" >&2)
-dpkg-deb -x "$work"/ca-certificates_*.deb "$work/debroot"
+debroot "$work" "ca-certificates=$ca_deb"
 
 log "packing the images"
 (cd "$repo" && GOFLAGS= go build -o "$work/kamajiimages" ./hack/kamajiimages)

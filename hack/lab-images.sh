@@ -51,6 +51,8 @@ debian_packages=(iptables nftables conntrack coreutils netbase busybox-static)
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # It packs the images with hack/labimages: it runs from a Cozy source tree.
 [[ -f "$repo/hack/labimages/main.go" ]] || { echo "lab-images: run it from a Cozy source tree (no $repo/hack/labimages)" >&2; exit 1; }
+# shellcheck source=hack/debroot.sh
+source "$repo/hack/debroot.sh"
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 outdir="${1:-}"
 
@@ -78,7 +80,7 @@ debs_hash="$(printf '%s\n' "${debs[@]}" | sha256sum | cut -c1-12)"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
 	gcc -dumpfullversion
-	ls hack/lab-images.sh hack/labimages/*.go internal/ociimage/*.go | grep -v _test.go | xargs cat
+	ls hack/lab-images.sh hack/debroot.sh hack/labimages/*.go internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
 key="k8s-${k8s_version}_pause-${pause_tag}_coredns-${coredns_version}_flannel-${flannel_version}_busybox-${busybox_tag}_debs-${debs_hash}_build-${build_hash}"
 out="$cache_root/lab-images/$key"
@@ -165,14 +167,7 @@ wrapper component-base k8s.io/component-base/logs/kube-log-runner "k8s.io/compon
 CGO_ENABLED=0 gobuild component-base k8s.io/component-base/logs/kube-log-runner "$work/go-runner" -ldflags "-s -w"
 
 log "Debian packages: ${debs[*]}"
-mkdir -p "$work/debs" "$work/debroot"
-apt_opts=(-q)
-# apt drops root to _apt for downloads, who cannot write the private work dir.
-((EUID != 0)) || apt_opts+=(-o APT::Sandbox::User=root)
-(cd "$work/debs" && apt-get download "${apt_opts[@]}" "${debs[@]}" >&2)
-for deb in "$work"/debs/*.deb; do
-	dpkg-deb -x "$deb" "$work/debroot"
-done
+debroot "$work" "${debs[@]}"
 
 log "packing the images"
 (cd "$repo" && go build -o "$work/labimages" ./hack/labimages)

@@ -35,6 +35,8 @@ metallb_version=v0.15.2 # the platform's pin (charts/platform/values.yaml versio
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/platformimages/main.go" ]] || { echo "platform-images: run it from a Cozy source tree" >&2; exit 1; }
+# shellcheck source=hack/debroot.sh
+source "$repo/hack/debroot.sh"
 cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 (($# == 0)) || { echo "usage: hack/platform-images.sh (prints the layout's directory)" >&2; exit 2; }
 
@@ -53,7 +55,7 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
-	cat hack/platform-images.sh hack/flux-controllers.sh hack/platformimages/main.go
+	cat hack/platform-images.sh hack/debroot.sh hack/flux-controllers.sh hack/platformimages/main.go
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
 key="flux-${source_version}-${kustomize_version}-${helm_version}_metallb-${metallb_version}_ca-${ca_deb}_build-${build_hash}"
@@ -85,10 +87,7 @@ for c in controller speaker; do
 done
 
 log "Debian ca-certificates $ca_deb"
-apt_opts=(-q)
-((EUID != 0)) || apt_opts+=(-o APT::Sandbox::User=root)
-(cd "$work" && apt-get download "${apt_opts[@]}" "ca-certificates=$ca_deb" >&2)
-dpkg-deb -x "$work"/ca-certificates_*.deb "$work/debroot"
+debroot "$work" "ca-certificates=$ca_deb"
 
 log "packing the images"
 (cd "$repo" && go build -o "$work/platformimages" ./hack/platformimages)

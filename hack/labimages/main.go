@@ -73,10 +73,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(in.out); err == nil {
-		return fmt.Errorf("%s exists: the layout goes into a new directory", in.out)
-	}
-	if err := ociimage.WriteLayout(in.out, images...); err != nil {
+	if err := ociimage.WriteNewLayout(in.out, io.Discard, images...); err != nil {
 		return err
 	}
 	return summary(os.Stderr, in.out)

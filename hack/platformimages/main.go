@@ -74,16 +74,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(in.out); err == nil {
-		return fmt.Errorf("%s exists: the layout goes into a new directory", in.out)
-	}
-	if err := ociimage.WriteLayout(in.out, images...); err != nil {
-		return err
-	}
-	for _, im := range images {
-		fmt.Fprintln(os.Stderr, im.Ref)
-	}
-	return nil
+	return ociimage.WriteNewLayout(in.out, os.Stderr, images...)
 }
 
 // parseTags reads NAME=TAG,... for every Flux controller, and nothing else.

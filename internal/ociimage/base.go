@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -42,4 +43,20 @@ func StaticBase(debroot string) (Layer, error) {
 		{Path: "/home/nonroot", Mode: fs.ModeDir | 0o700},
 		{Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777},
 	}}, nil
+}
+
+// WriteNewLayout writes images as an OCI image layout into dir, which
+// must not exist yet (a packer never adds to an old layout), and names
+// each image on w.
+func WriteNewLayout(dir string, w io.Writer, images ...Image) error {
+	if _, err := os.Stat(dir); err == nil {
+		return fmt.Errorf("%s exists: the layout goes into a new directory", dir)
+	}
+	if err := WriteLayout(dir, images...); err != nil {
+		return err
+	}
+	for _, im := range images {
+		fmt.Fprintln(w, im.Ref)
+	}
+	return nil
 }

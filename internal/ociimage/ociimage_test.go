@@ -588,3 +588,24 @@ func TestStaticBaseNeedsCertificates(t *testing.T) {
 		t.Errorf("got %v, want an error naming ca-certificates", err)
 	}
 }
+
+// A packer never writes into an old layout: WriteNewLayout refuses a
+// directory that exists, even empty, and writes nothing there.
+func TestWriteNewLayoutRefusesExistingDir(t *testing.T) {
+	dir := t.TempDir()
+	im := Image{Ref: "example.org/a:1", Arch: "amd64", Config: ocispec.ImageConfig{Entrypoint: []string{"/a"}},
+		Layers: []Layer{{Files: []File{{Path: "/a", Mode: 0o755, Data: []byte("a")}}}}}
+	if err := WriteNewLayout(dir, io.Discard, im); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Fatalf("got %v, want it refused", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("wrote %v", entries)
+	}
+	var names strings.Builder
+	if err := WriteNewLayout(filepath.Join(dir, "new"), &names, im); err != nil {
+		t.Fatal(err)
+	}
+	if names.String() != "example.org/a:1\n" {
+		t.Errorf("named %q", names.String())
+	}
+}
