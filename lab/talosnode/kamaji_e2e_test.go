@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -177,6 +178,29 @@ func TestKamajiServesATenant(t *testing.T) {
 		"networkProfile": map[string]any{"address": worker.ip, "port": int64(tenantPort)},
 		"addons":         map[string]any{"coreDNS": map[string]any{}},
 	})
+	// Bad input: a control plane naming a DataStore that does not exist
+	// is refused, with its name, before anything is made for it.
+	ghost := tcp.DeepCopy()
+	ghost.SetName("ghost")
+	if err := unstructured.SetNestedField(ghost.Object, "gone", "spec", "dataStore"); err != nil {
+		t.Fatal(err)
+	}
+	var refused error
+	poll.Within(t, time.Minute, time.Second, "the webhooks refusing a TenantControlPlane of a missing DataStore", func() error {
+		err := cl.Create(ctx, ghost.DeepCopy())
+		if err == nil {
+			// Before the API server called the webhooks.
+			_ = cl.Delete(ctx, ghost)
+			return errors.New("accepted")
+		}
+		if !strings.Contains(err.Error(), "gone DataStore does not exist") {
+			return fmt.Errorf("refused without naming the DataStore: %w", err)
+		}
+		refused = err
+		return nil
+	})
+	t.Logf("refused: %v", refused)
+
 	start := time.Now()
 	if err := cl.Create(ctx, tcp); err != nil {
 		t.Fatalf("create the TenantControlPlane: %v", err)
