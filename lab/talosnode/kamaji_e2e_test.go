@@ -540,8 +540,9 @@ func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clust
 			t.Fatal(err)
 		}
 	}
-	// Kamaji's webhook server holds port 9443 on the bridge's namespace:
-	// the provider gets a namespace, and an address, of its own.
+	// The provider gets a namespace, and an address, of its own on the
+	// LAN, as a pod of its own would: its webhook server binds every
+	// interface, and the bridge's namespace serves the mirror.
 	capi := netnstest.New(t, "capi")
 	netnstest.Veth(t, capi, "eth0", clusterSubnet+".3/24", c.sw, "p-capi", "")
 	c.sw.IP(t, "link", "set", "p-capi", "master", "br0")
