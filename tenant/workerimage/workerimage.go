@@ -115,13 +115,11 @@ func (o Options) withDefaults() (Options, error) {
 			errs = append(errs, errors.New(f.what))
 		}
 	}
-	if o.Busybox == "" {
-		o.Busybox = "/bin/busybox"
-	}
 	for _, d := range []struct {
 		v   *string
 		def string
 	}{
+		{&o.Busybox, "/bin/busybox"},
 		{&o.Runc, "/usr/sbin/runc"},
 		{&o.Conntrack, "/usr/sbin/conntrack"},
 		{&o.Iptables, "/usr/sbin/xtables-nft-multi"},

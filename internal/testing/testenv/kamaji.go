@@ -26,10 +26,10 @@ const KamajiImage = "docker.io/clastix/kamaji:" + KamajiVersion
 var KamajiCRDs = CRDSource{Module: "github.com/clastix/kamaji", Version: KamajiVersion, Dir: "config/crd"}
 
 // Kamaji returns the directory hack/kamaji.sh built (COZY_KAMAJI): the
-// manager (kamaji), the DataStore's etcd (etcd) and the images Kamaji
-// and its tenant control planes run (images/, an OCI layout).
+// DataStore's etcd (etcd) and the images Kamaji and its tenant control
+// planes run (images/, an OCI layout).
 func Kamaji(t testing.TB) string {
-	return BuiltDir(t, "COZY_KAMAJI", "hack/kamaji.sh", "kamaji", "etcd", "images/index.json")
+	return BuiltDir(t, "COZY_KAMAJI", "hack/kamaji.sh", "etcd", "images/index.json")
 }
 
 // KamajiWebhooks returns Kamaji's admission webhook configurations, read
