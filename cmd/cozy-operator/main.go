@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 
@@ -88,6 +89,7 @@ func parse(args []string) (*options, error) {
 	})
 	fs.BoolVar(&o.loadBalancer, "load-balancer", true, "Services of type LoadBalancer get an address in this cluster (false: the platform has no load-balancer pool, and TenantClusters exposed so say why they wait)")
 	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
+	fs.StringVar(&o.workerImages.Mirror, "worker-registry-mirror", "", "the rack's registry mirror, http(s)://HOST[:PORT]: workers pull docker.io, ghcr.io, quay.io and registry.k8s.io images through it (HOST/v2/REGISTRY/...); empty: from those registries")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -98,6 +100,12 @@ func parse(args []string) (*options, error) {
 		if _, err := name.NewRepository(r); err != nil || !strings.Contains(r, "/") {
 			return nil, fmt.Errorf("--worker-image-repository %q: want HOST[:PORT]/PATH without a tag", r)
 		}
+	}
+	if m := o.workerImages.Mirror; m != "" {
+		if u, err := url.Parse(m); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.User != nil {
+			return nil, fmt.Errorf("--worker-registry-mirror %q: want http(s)://HOST[:PORT], the registry's base URL", m)
+		}
+		o.workerImages.Mirror = strings.TrimSuffix(m, "/")
 	}
 	if o.concurrency < 1 {
 		return nil, fmt.Errorf("--concurrency %d: want at least 1", o.concurrency)

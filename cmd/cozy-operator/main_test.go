@@ -71,14 +71,14 @@ func TestChartArgsParse(t *testing.T) {
 	}
 
 	o, err = parse(chartArgs(t, map[string]any{
-		"workerImage":   map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true},
+		"workerImage":   map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true, "mirror": "http://10.0.0.1:5000"},
 		"permittedGPUs": []any{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"},
 		"loadBalancer":  false,
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true}); o.workerImages != want {
+	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://10.0.0.1:5000"}); o.workerImages != want {
 		t.Errorf("worker images %+v, want %+v", o.workerImages, want)
 	}
 	if want := []string{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"}; !reflect.DeepEqual(o.permittedGPUs, want) {
@@ -98,6 +98,9 @@ func TestParseRejects(t *testing.T) {
 		{[]string{"--addon-chart=calico=HelmRepository/a/b/calico"}, "ADDON one of cilium, kubevirt-csi-node, metrics-server"},
 		{[]string{"--log-level=loud"}, "--log-level"},
 		{[]string{"--concurrency=0"}, "at least 1"},
+		{[]string{"--worker-registry-mirror=10.0.0.1:5000"}, "want http(s)://HOST[:PORT]"},
+		{[]string{"--worker-registry-mirror=http://10.0.0.1:5000/v2/docker.io"}, "want http(s)://HOST[:PORT]"},
+		{[]string{"--worker-registry-mirror=ftp://10.0.0.1"}, "want http(s)://HOST[:PORT]"},
 		{[]string{"--leader-elect", "extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
 		{[]string{"--worker-image-repository=10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}, "want HOST[:PORT]/PATH without a tag"},

@@ -29,6 +29,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"cozy.dev/cozy/internal/imageref"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 
@@ -107,7 +108,7 @@ func DesiredAt(tc *v1.TenantCluster, v Versions, w WorkerImages) (Children, erro
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
-		bt := desiredBootstrapTemplate(tc, g)
+		bt := desiredBootstrapTemplate(tc, g, w.Mirror)
 		md, err := desiredMachineDeployment(tc, g, version, mt.GetName(), bt.GetName())
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
@@ -385,8 +386,9 @@ func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup, version string
 
 // desiredBootstrapTemplate: the kubeadm join of a worker. The kubelet
 // leaves node initialisation to KubeVirt's cloud-controller-manager
-// (cloud-provider: external) and carries the group's labels and taints.
-func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup) *unstructured.Unstructured {
+// (cloud-provider: external) and carries the group's labels and taints;
+// containerd pulls through the rack's mirror, if it has one.
+func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup, mirror string) *unstructured.Unstructured {
 	args := []bootstrapv1.Arg{{Name: "cloud-provider", Value: ptr.To("external")}}
 	if len(g.Labels) > 0 {
 		var labels []string
@@ -405,6 +407,7 @@ func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup) *unstructure
 		Template: bootstrapv1.KubeadmConfigTemplateResource{
 			Spec: bootstrapv1.KubeadmConfigSpec{
 				JoinConfiguration: bootstrapv1.JoinConfiguration{NodeRegistration: nr},
+				Files:             mirrorFiles(mirror),
 			},
 		},
 	}
@@ -413,6 +416,28 @@ func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup) *unstructure
 		Spec:       spec,
 	}
 	return toUnstructured(t, bootstrapv1.GroupVersion.String(), kindKubeadmTemplate)
+}
+
+// mirrorFiles are containerd's hosts.toml, one for each registry the
+// rack's mirror covers, as the Talos nodes' RegistryMirrorConfigs say it
+// (bootstrap/talosconfig): the mirror's path already names the registry
+// (override_path). Without them a worker on a rack without the internet
+// pulls not even its pods' sandbox image. containerd reads
+// /etc/containerd/certs.d at each pull, so writing them after it started
+// is in time.
+func mirrorFiles(mirror string) []bootstrapv1.File {
+	if mirror == "" {
+		return nil
+	}
+	var files []bootstrapv1.File
+	for _, h := range imageref.MirrorHosts {
+		files = append(files, bootstrapv1.File{
+			Path: "/etc/containerd/certs.d/" + h + "/hosts.toml", Owner: "root:root", Permissions: "0644",
+			Content: fmt.Sprintf("# the rack's registries.mirror, written by cozy-operator\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+				imageref.MirrorEndpoint(mirror, h)),
+		})
+	}
+	return files
 }
 
 func desiredMachineDeployment(tc *v1.TenantCluster, g v1.NodeGroup, version, machineTemplate, bootstrapTemplate string) (*unstructured.Unstructured, error) {

@@ -21,7 +21,8 @@ import (
 // WorkerImages is where a node group that names no image finds its disk:
 // Cozy's own worker containerDisk for its Kubernetes version,
 // REPOSITORY:VERSION, as `cozyctl tenant image build` names it and
-// `cozyctl images mirror` pushes it (docs/tenants.md#worker-images).
+// `cozyctl images mirror` pushes it (docs/tenants.md#worker-images); and
+// where the workers' containerd pulls the images of their pods.
 type WorkerImages struct {
 	// Repository is HOST[:PORT]/PATH, such as
 	// 10.0.0.1:5000/cozy.dev/tenant-worker. Empty: there is none, and
@@ -30,6 +31,11 @@ type WorkerImages struct {
 	// Insecure reads the registry over plain HTTP (CDI must then list
 	// the host in its insecureRegistries, as the platform does).
 	Insecure bool
+	// Mirror is the rack's registry mirror, http(s)://HOST[:PORT] (its
+	// registries.mirror): the workers pull the images of docker.io,
+	// ghcr.io, quay.io and registry.k8s.io through it, as the rack's
+	// Talos nodes do. Empty: from the registries themselves.
+	Mirror string
 	// Transport carries the operator's checks (nil: http.DefaultTransport).
 	Transport http.RoundTripper
 }

@@ -28,7 +28,7 @@ import (
 
 // testImages is a worker image repository for tests that only build
 // objects.
-var testImages = WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true}
+var testImages = WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://10.0.0.1:5000"}
 
 // testVersions are the versions the tests' TenantClusters run; the
 // registry of workerRegistry holds a worker image for each.

@@ -274,8 +274,9 @@ func TestChartMirror(t *testing.T) {
 
 // The rack's registries.mirror is where tenants' worker disks come from:
 // cozy-operator's values name MIRROR/cozy.dev/tenant-worker, and for an
-// http:// mirror CDI reads that host over plain HTTP. Without a mirror,
-// the operator has no repository and CDI no insecure registry.
+// http:// mirror CDI reads that host over plain HTTP; the workers pull
+// their pods' images through it. Without a mirror, the operator has no
+// repository and no mirror, and CDI no insecure registry.
 func TestWorkerImageFromMirror(t *testing.T) {
 	for _, tt := range []struct {
 		name, mirror string
@@ -283,7 +284,7 @@ func TestWorkerImageFromMirror(t *testing.T) {
 		insecure     bool
 	}{
 		{name: "no mirror"},
-		{name: "http mirror", mirror: "http://10.0.0.1:5000", repository: "10.0.0.1:5000/cozy.dev/tenant-worker", insecure: true},
+		{name: "http mirror", mirror: "http://10.0.0.1:5000/", repository: "10.0.0.1:5000/cozy.dev/tenant-worker", insecure: true},
 		{name: "https mirror", mirror: "https://registry.example.com", repository: "registry.example.com/cozy.dev/tenant-worker"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -295,19 +296,23 @@ func TestWorkerImageFromMirror(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var repo, insecureRegs any
+			var repo, mirror, insecureRegs any
 			var insecure bool
 			for _, o := range objs {
 				switch {
 				case o.GetKind() == "HelmRelease" && o.GetName() == "cozy-operator":
 					repo, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "workerImage", "repository")
 					insecure, _, _ = unstructured.NestedBool(o.Object, "spec", "values", "workerImage", "insecure")
+					mirror, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "values", "workerImage", "mirror")
 				case o.GetKind() == "CDI":
 					insecureRegs, _, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "config", "insecureRegistries")
 				}
 			}
 			if repo != tt.repository || insecure != tt.insecure {
 				t.Errorf("cozy-operator workerImage %v (insecure %v), want %q (%v)", repo, insecure, tt.repository, tt.insecure)
+			}
+			if want := strings.TrimSuffix(tt.mirror, "/"); (want == "" && mirror != nil) || (want != "" && mirror != want) {
+				t.Errorf("cozy-operator workerImage.mirror %v, want %q", mirror, want)
 			}
 			var wantRegs any
 			if tt.insecure {

@@ -68,6 +68,7 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"USB devices (not offered)", with("kubevirt.permittedHostDevices", map[string]any{"usb": []any{}}), []string{"additional properties 'usb' not allowed"}},
 		{"worker image with a tag", with("cozyOperator.workerImage", map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}), []string{"/cozyOperator/workerImage/repository"}},
 		{"worker image without a host", with("cozyOperator.workerImage", map[string]any{"repository": "tenant-worker"}), []string{"/cozyOperator/workerImage/repository"}},
+		{"worker mirror without a scheme", with("cozyOperator.workerImage", map[string]any{"mirror": "10.0.0.1:5000"}), []string{"/cozyOperator/workerImage/mirror"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.RenderValues(tc.values, "")
@@ -107,6 +108,7 @@ func TestOperatorSchemaRejects(t *testing.T) {
 		{"permitted GPU not a resource name", map[string]any{"permittedGPUs": []any{"A10"}}, []string{"/permittedGPUs/0"}},
 		{"worker image with a tag", map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}}, []string{"/workerImage/repository"}},
 		{"worker image insecure not a boolean", map[string]any{"workerImage": map[string]any{"insecure": "yes"}}, []string{"/workerImage/insecure"}},
+		{"worker mirror with a path", map[string]any{"workerImage": map[string]any{"mirror": "http://10.0.0.1:5000/v2/docker.io"}}, []string{"/workerImage/mirror"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")

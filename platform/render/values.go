@@ -96,6 +96,7 @@ func Values(r *rack.Rack) (map[string]any, error) {
 		}
 		generated["cozyOperator"] = map[string]any{"workerImage": map[string]any{
 			"repository": u.Host + "/" + imageref.WorkerImage, "insecure": u.Scheme == "http",
+			"mirror": strings.TrimSuffix(r.Registries.Mirror, "/"),
 		}}
 	}
 	if r.Platform.Mirror != "" {
