@@ -10,7 +10,8 @@
 #
 #   hack/lab-images.sh [OUTDIR]
 #
-#   registry.k8s.io/pause:3.10.1          pause.c of k8s.io/kubernetes v1.36.3, gcc -Os -static
+#   registry.k8s.io/pause:3.10.2          pause.c of k8s.io/kubernetes v1.36.3, gcc -Os -static
+#   registry.k8s.io/pause:3.10.1          the same image, under the tag Talos v1.13's nodes ask for
 #   registry.k8s.io/coredns/coredns:v1.14.2  github.com/coredns/coredns, all plugins, CGO_ENABLED=0
 #   ghcr.io/siderolabs/flannel:v0.28.4    github.com/flannel-io/flannel (cgo for the UDP backend, static)
 #                                         on Debian 12 iptables (nf_tables), nft and cp
@@ -41,7 +42,8 @@
 set -euo pipefail
 
 k8s_version=v1.36.3      # kube-proxy, and pause's source
-pause_tag=3.10.1         # the nodes' sandbox image (kubeadm 1.36 names 3.10.2: same Linux pause.c)
+pause_tag=3.10.2         # build/pause/Makefile's TAG at k8s_version; tenant workers' sandbox (tenant/workerimage)
+pause_talos_tag=3.10.1   # the Talos nodes' sandbox: the same Linux pause.c
 coredns_version=v1.14.2  # Talos v1.13's DefaultCoreDNSVersion
 flannel_version=v0.28.4  # Talos v1.13's FlannelVersion (its image copies docker.io/flannel/flannel)
 busybox_tag=1.35.0       # Debian 12's busybox-static, checked below
@@ -82,7 +84,7 @@ build_hash="$(cd "$repo" && {
 	gcc -dumpfullversion
 	ls hack/lab-images.sh hack/debroot.sh hack/labimages/*.go internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-key="k8s-${k8s_version}_pause-${pause_tag}_coredns-${coredns_version}_flannel-${flannel_version}_busybox-${busybox_tag}_debs-${debs_hash}_build-${build_hash}"
+key="k8s-${k8s_version}_pause-${pause_tag}-${pause_talos_tag}_coredns-${coredns_version}_flannel-${flannel_version}_busybox-${busybox_tag}_debs-${debs_hash}_build-${build_hash}"
 out="$cache_root/lab-images/$key"
 
 # publish: print the layout, after copying it to OUTDIR if one was given.
@@ -141,6 +143,8 @@ log "pause $pause_tag from k8s.io/kubernetes@$k8s_version build/pause/linux/paus
 k8s_src="$(cd "$work" && printf 'module x\n' >go.mod && go mod download -json "k8s.io/kubernetes@$k8s_version" |
 	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 [[ -f "$k8s_src/build/pause/linux/pause.c" ]] || die "no build/pause/linux/pause.c in k8s.io/kubernetes@$k8s_version"
+grep -qx "TAG ?= $pause_tag" "$k8s_src/build/pause/Makefile" ||
+	die "build/pause/Makefile of k8s.io/kubernetes@$k8s_version does not say TAG ?= $pause_tag: update pause_tag"
 [[ -f "$(gcc -print-file-name=libc.a)" ]] || die "gcc cannot link statically: install libc6-dev"
 # build/pause/Makefile: CFLAGS = -Os -Wall -Werror -static -DVERSION=v$(TAG)-$(REV),
 # REV being the git revision, here the Kubernetes release the source is from.
@@ -174,7 +178,7 @@ log "packing the images"
 "$work/labimages" -o "$work/layout" -debs "$work/debroot" \
 	-pause "$work/pause" -coredns "$work/coredns.bin" -flanneld "$work/flanneld" \
 	-kube-proxy "$k8s_bin/kube-proxy" -go-runner "$work/go-runner" \
-	-kubernetes-version "$k8s_version" -pause-tag "$pause_tag" \
+	-kubernetes-version "$k8s_version" -pause-tag "$pause_tag" -pause-talos-tag "$pause_talos_tag" \
 	-coredns-tag "$coredns_version" -flannel-tag "$flannel_version" -busybox-tag "$busybox_tag"
 chmod 0755 "$work/layout"
 mv -T "$work/layout" "$out" 2>/dev/null || [[ -f "$out/index.json" ]] || die "cannot move the layout to $out"

@@ -36,6 +36,7 @@ import (
 	"cozy.dev/cozy/internal/imageref"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/operators/tenantcluster"
+	"cozy.dev/cozy/tenant/workerimage"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/upstream"
@@ -286,6 +287,10 @@ func (b *builder) platform(r *rack.Rack) error {
 	// Flux itself, which `platform install` applies from its release.
 	b.notListed = append(b.notListed, "flux: "+flux.ReleaseURL(flux.Version)+" (cozyctl platform install)")
 	if operator {
+		// Tenant workers run every pod in a sandbox of this image (Cozy's
+		// worker image names it; their containerd pulls it through the
+		// rack's mirror).
+		b.add(workerimage.SandboxImage, "tenant workers: pause (pod sandbox)")
 		return b.tenantAddons(own, sources)
 	}
 	return nil

@@ -73,6 +73,7 @@ func TestListFollowsTheRack(t *testing.T) {
 			name: "example",
 			want: map[string]string{
 				"registry.k8s.io/pause:3.10.1":                                     "talos: pause (pod sandbox)",
+				"registry.k8s.io/pause:3.10.2":                                     "tenant workers: pause (pod sandbox)",
 				"ghcr.io/siderolabs/kubelet:v" + rack.DefaultKubernetesVersion:     "talos: kubelet",
 				"registry.k8s.io/kube-apiserver:v" + rack.DefaultKubernetesVersion: "talos: kube-apiserver",
 				"registry.k8s.io/coredns/coredns:v1.14.2":                          "talos: coredns",

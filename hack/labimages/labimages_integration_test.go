@@ -57,8 +57,12 @@ func lines(words []string) []string {
 
 var labImageList = []labImage{
 	{
+		ref: "registry.k8s.io/pause:3.10.2", entrypoint: "/pause", user: "65535:65535",
+		runs: []check{{args: []string{"/pause", "-v"}, want: []string{"pause.c v3.10.2-v1.36.3"}}},
+	},
+	{
 		ref: "registry.k8s.io/pause:3.10.1", entrypoint: "/pause", user: "65535:65535",
-		runs: []check{{args: []string{"/pause", "-v"}, want: []string{"pause.c v3.10.1-v1.36.3"}}},
+		runs: []check{{args: []string{"/pause", "-v"}, want: []string{"pause.c v3.10.2-v1.36.3"}}},
 	},
 	{
 		ref: "registry.k8s.io/coredns/coredns:v1.14.2", entrypoint: "/coredns", user: "65532:65532",

@@ -37,7 +37,7 @@ type inputs struct {
 	out, debs                                    string
 	pause, coredns, flanneld, kubeProxy, runner  string
 	kubernetes, pauseTag, corednsTag, flannelTag string
-	busyboxTag                                   string
+	pauseTalosTag, busyboxTag                    string
 }
 
 func run() error {
@@ -50,7 +50,8 @@ func run() error {
 	flag.StringVar(&in.kubeProxy, "kube-proxy", "", "static kube-proxy binary")
 	flag.StringVar(&in.runner, "go-runner", "", "static kube-log-runner binary (the kube-proxy image's /go-runner)")
 	flag.StringVar(&in.kubernetes, "kubernetes-version", "", "Kubernetes version of kube-proxy and of pause's source (v1.36.3)")
-	flag.StringVar(&in.pauseTag, "pause-tag", "", "pause image tag (3.10.1)")
+	flag.StringVar(&in.pauseTag, "pause-tag", "", "pause image tag, the version of its source (3.10.2)")
+	flag.StringVar(&in.pauseTalosTag, "pause-talos-tag", "", "the same pause image under the tag Talos's nodes ask for (3.10.1)")
 	flag.StringVar(&in.corednsTag, "coredns-tag", "", "CoreDNS image tag (v1.14.2)")
 	flag.StringVar(&in.flannelTag, "flannel-tag", "", "flannel image tag (v0.28.4)")
 	flag.StringVar(&in.busyboxTag, "busybox-tag", "", "busybox image tag, the version of Debian's busybox-static (1.35.0)")
@@ -58,7 +59,7 @@ func run() error {
 	for name, v := range map[string]string{
 		"-o": in.out, "-debs": in.debs, "-pause": in.pause, "-coredns": in.coredns, "-flanneld": in.flanneld,
 		"-kube-proxy": in.kubeProxy, "-go-runner": in.runner, "-kubernetes-version": in.kubernetes,
-		"-pause-tag": in.pauseTag, "-coredns-tag": in.corednsTag, "-flannel-tag": in.flannelTag,
+		"-pause-tag": in.pauseTag, "-pause-talos-tag": in.pauseTalosTag, "-coredns-tag": in.corednsTag, "-flannel-tag": in.flannelTag,
 		"-busybox-tag": in.busyboxTag,
 	} {
 		if v == "" {
@@ -138,16 +139,23 @@ func labImages(in inputs) ([]ociimage.Image, error) {
 	binary := func(createdBy string, files ...ociimage.File) ociimage.Layer {
 		return ociimage.Layer{CreatedBy: createdBy, Files: files}
 	}
-	return []ociimage.Image{
-		// build/pause/Dockerfile: FROM scratch, ADD pause /pause,
-		// USER 65535:65535, ENTRYPOINT ["/pause"].
-		image("registry.k8s.io/pause:"+in.pauseTag,
+	// build/pause/Dockerfile: FROM scratch, ADD pause /pause,
+	// USER 65535:65535, ENTRYPOINT ["/pause"].
+	pause := func(tag string) ociimage.Image {
+		return image("registry.k8s.io/pause:"+tag,
 			ocispec.ImageConfig{
 				User: "65535:65535", Entrypoint: []string{"/pause"},
 				Labels: labels(in.pauseTag, "k8s.io/kubernetes@"+in.kubernetes+" build/pause/linux/pause.c"),
 			},
 			binary("gcc -Os -static build/pause/linux/pause.c",
-				ociimage.File{Path: "/pause", Mode: 0o755, Source: in.pause})),
+				ociimage.File{Path: "/pause", Mode: 0o755, Source: in.pause}))
+	}
+	return []ociimage.Image{
+		// One image, one digest, two names: its source's version (what
+		// containerd 2.4 and kubeadm 1.36 name, and Cozy's tenant
+		// workers run), and the older one Talos v1.13's nodes ask for.
+		pause(in.pauseTag),
+		pause(in.pauseTalosTag),
 		// CoreDNS's Dockerfile: distroless static nonroot, /coredns with
 		// cap_net_bind_service, USER nonroot, WORKDIR /, EXPOSE 53 53/udp.
 		image("registry.k8s.io/coredns/coredns:"+in.corednsTag,

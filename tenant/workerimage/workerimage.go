@@ -92,6 +92,29 @@ type Image struct {
 // loopback/portmap set most others chain).
 var CNIPlugins = []string{"bridge", "flannel", "host-local", "loopback", "portmap"}
 
+// SandboxImage is the image of every pod's sandbox on a worker: the one
+// containerd v2.4.2 defaults to (and kubeadm v1.36 names), written into
+// the worker's containerd config so that it does not change with
+// containerd's default unseen, and `cozyctl images list` names it for a
+// rack's mirror.
+const SandboxImage = "registry.k8s.io/pause:3.10.2"
+
+// containerdConfig is the worker's /etc/containerd/config.toml:
+// containerd's defaults but the sandbox image and the registry hosts'
+// directory, where cozy-operator's user-data puts the rack's mirror.
+// containerd 2.4 documents that directory as its default, but with a
+// config file it did not read it (a pull went to registry.k8s.io itself),
+// so it is named.
+const containerdConfig = `# Cozy's tenant worker image (tenant/workerimage)
+version = 3
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = '` + SandboxImage + `'
+
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = '/etc/containerd/certs.d'
+`
+
 // Cmdline is the kernel command line ISOLINUX boots with: KubeVirt's
 // serial console is ttyS0; a panic reboots.
 const Cmdline = "console=tty0 console=ttyS0,115200 panic=10 tsc=reliable"
@@ -360,6 +383,7 @@ func (o Options) initramfs() ([]byte, error) {
 	a.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"))
 	a.File("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))
 	a.File("etc/hosts", 0o644, []byte("127.0.0.1 localhost\n::1 localhost\n"))
+	a.File("etc/containerd/config.toml", 0o644, []byte(containerdConfig))
 	a.File("lib/modules/modules.order", 0o644, []byte(strings.Join(modules, "\n")+"\n"))
 	for _, f := range files {
 		if f.static {
