@@ -41,6 +41,36 @@ func parseStat(data []byte) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / 100, nil
 }
 
+// MachineCPU is the CPU time all of the machine's processors have spent
+// busy so far (user, nice, system, irq, softirq and steal of /proc/stat's
+// cpu line; idle and iowait left out): what a span of work cost the
+// machine, whoever did it.
+func MachineCPU() (time.Duration, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseMachineStat(data)
+}
+
+func parseMachineStat(data []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: first line %q, want cpu and at least 8 counters", line)
+	}
+	var busy int64
+	// user nice system idle iowait irq softirq steal
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: counter %d %q", i, f[i])
+		}
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / 100, nil
+}
+
 // Children are the process IDs of pid's children, as the kernel lists
 // them per thread in /proc/PID/task/TID/children.
 func Children(pid int) ([]int, error) {

@@ -37,6 +37,33 @@ func TestParseStat(t *testing.T) {
 	}
 }
 
+func TestParseMachineStat(t *testing.T) {
+	tests := []struct {
+		name    string
+		stat    string
+		want    time.Duration
+		wantErr bool
+	}{
+		// user nice system idle iowait irq softirq steal guest guest_nice
+		{"two cores", "cpu  100 2 30 9000 50 4 5 6 0 0\ncpu0 50 1 15 4500 25 2 2 3 0 0\n", 1470 * time.Millisecond, false},
+		{"an old kernel's eight counters", "cpu 1 0 0 5 0 0 0 0\n", 10 * time.Millisecond, false},
+		{"a cpuN line first", "cpu0 1 2 3 4 5 6 7 8\n", 0, true},
+		{"cut short", "cpu 1 2 3\n", 0, true},
+		{"not numbers", "cpu 1 x 3 4 5 6 7 8\n", 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseMachineStat([]byte(tc.stat))
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("parseMachineStat = %v, %v; want %v (error %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+	if _, err := MachineCPU(); err != nil {
+		t.Errorf("this machine: %v", err)
+	}
+}
+
 // TestChildrenCPU: a child that has burnt CPU is listed, and counted.
 func TestChildrenCPU(t *testing.T) {
 	busy := exec.Command("sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 60")
