@@ -1,4 +1,4 @@
-//go:build integration && e2e
+//go:build integration && (e2e || bench)
 
 package talosnode_test
 
@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,10 +37,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/internal/testing/workertest"
+	"cozy.dev/cozy/lab/talosnode"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/operators/tenantcluster"
 	"cozy.dev/cozy/tenant/workerimage"
@@ -64,7 +67,9 @@ const (
 // bootstrap provider, running against the same management cluster,
 // renders the user-data of a Machine of cozy-operator's node group, and
 // Cozy's worker image boots with it under QEMU: its Node registers in the
-// tenant. The tenant's keys sit under its own prefix in the DataStore,
+// tenant; its containerd pulls through the mirror cozy-operator's
+// user-data names; with a CNI (flannel) the Node is Ready and runs a pod.
+// The tenant's keys sit under its own prefix in the DataStore,
 // readable by its own etcd user and no other prefix; once it is deleted,
 // its pods, the Secrets Kamaji made, its keys, user and role are gone.
 //
@@ -73,9 +78,33 @@ const (
 // KamajiControlPlane, and so are the Cluster API objects that provider
 // and the core controller would write (neither can be built:
 // docs/tenants.md); no Konnectivity (no image built for it); the worker
-// boots in QEMU, not under KubeVirt; Kubernetes v1.30.2, the newest
-// Kamaji v1.0.0 serves.
+// boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
+// flannel, not the Cilium Cozy gives tenants (it cannot be built here),
+// and no cloud-controller-manager initialises the Node (KubeVirt's does
+// for Cozy's workers); Kubernetes v1.30.2, the newest Kamaji v1.0.0
+// serves.
 func TestKamajiServesATenant(t *testing.T) {
+	f := serveKamajiTenant(t)
+	t.Logf("the tenant's API answered %s after its TenantControlPlane was created (the machine's CPU: %s); its worker's Node was Ready %s after the VM started (the machine's CPU: %s, QEMU's %s)",
+		f.apiAnswers.Round(100*time.Millisecond), f.apiCPU.Round(100*time.Millisecond),
+		f.nodeReady.Round(time.Second), f.nodeCPU.Round(time.Second), f.qemuCPU.Round(time.Second))
+}
+
+// tenantFigures are what serveKamajiTenant measured.
+type tenantFigures struct {
+	// apiAnswers: TenantControlPlane created → its API answers /version,
+	// with the CPU the whole machine spent meanwhile.
+	apiAnswers, apiCPU time.Duration
+	// nodeReady: the worker VM started → its Node Ready in the tenant
+	// (kubeadm join, then flannel from the mirror), with the machine's
+	// and QEMU's CPU meanwhile.
+	nodeReady, nodeCPU, qemuCPU time.Duration
+}
+
+// serveKamajiTenant is TestKamajiServesATenant's whole run, which the
+// tenant benchmark times.
+func serveKamajiTenant(t *testing.T) tenantFigures {
+	var f tenantFigures
 	kamaji := testenv.Kamaji(t)
 	ctrllog.SetLogger(logr.Discard()) // controller-runtime's clients here log nothing worth reading
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -201,6 +230,7 @@ func TestKamajiServesATenant(t *testing.T) {
 	})
 	t.Logf("refused: %v", refused)
 
+	cpu0 := machineCPU(t)
 	start := time.Now()
 	if err := cl.Create(ctx, tcp); err != nil {
 		t.Fatalf("create the TenantControlPlane: %v", err)
@@ -213,6 +243,25 @@ func TestKamajiServesATenant(t *testing.T) {
 			t.Logf("acme's status: %s%v", out, err)
 		}
 	})
+	// Its API answers as soon as /version does (readable by anyone):
+	// what a user waits for, whatever Kamaji's status says yet.
+	anonymous := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext:     c.sw.DialContext,
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // only the time it answers is read
+	}}
+	poll.Within(t, 12*time.Minute, 250*time.Millisecond, "the tenant's API answering /version", func() error {
+		resp, err := anonymous.Get(fmt.Sprintf("https://%s:%d/version", worker.ip, tenantPort))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/version: %s", resp.Status)
+		}
+		return nil
+	})
+	f.apiAnswers, f.apiCPU = time.Since(start), machineCPU(t)-cpu0
+	t.Logf("the tenant's API answered %s after the TenantControlPlane was created", f.apiAnswers.Round(100*time.Millisecond))
 	poll.Within(t, 12*time.Minute, time.Second, "the TenantControlPlane Ready", func() error {
 		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
@@ -254,7 +303,9 @@ func TestKamajiServesATenant(t *testing.T) {
 	if want := fmt.Sprintf("server: https://%s:%d", worker.ip, tenantPort); !bytes.Contains(secret.Data["admin.conf"], []byte(want)) {
 		t.Errorf("acme's admin kubeconfig has no %q", want)
 	}
-	tenantKubectl := func(args ...string) (string, error) {
+	// tenantKubectlIn runs kubectl with the tenant's admin kubeconfig;
+	// the cleanups' own context outlives the test's.
+	tenantKubectlIn := func(ctx context.Context, args ...string) (string, error) {
 		cmd := c.sw.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", tenantKubeconfig, "--request-timeout", "20s"}, args...)...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -263,6 +314,7 @@ func TestKamajiServesATenant(t *testing.T) {
 		}
 		return stdout.String(), nil
 	}
+	tenantKubectl := func(args ...string) (string, error) { return tenantKubectlIn(ctx, args...) }
 	if out, err := tenantKubectl("get", "--raw", "/version"); err != nil || !strings.Contains(out, `"gitVersion": "`+version+`"`) {
 		t.Errorf("the tenant's /version: %s %v", out, err)
 	}
@@ -284,8 +336,8 @@ func TestKamajiServesATenant(t *testing.T) {
 	// A worker joins it: the real kubeadm bootstrap provider renders the
 	// user-data of a Machine of cozy-operator's node group, and Cozy's
 	// worker image boots with it under QEMU.
-	joinWorker(ctx, t, c, worker, secret.Data["admin.conf"], version)
-	start = time.Now()
+	vm := joinWorker(ctx, t, c, worker, secret.Data["admin.conf"], version)
+	cpu0, start = machineCPU(t), time.Now()
 	poll.Within(t, 10*time.Minute, 2*time.Second, "the worker's Node in the tenant", func() error {
 		out, err := tenantKubectl("get", "node", workerMachine, "-o", `jsonpath={.status.nodeInfo.kubeletVersion} {.metadata.labels.cozy\.dev/tenant}`)
 		if err != nil {
@@ -297,6 +349,85 @@ func TestKamajiServesATenant(t *testing.T) {
 		return nil
 	})
 	t.Logf("Node %s registered in the tenant %s after the VM started", workerMachine, time.Since(start).Round(time.Second))
+
+	// With a CNI the Node is Ready. The worker pulls flannel through the
+	// mirror the operator's user-data names (the lab's images are there).
+	podCIDR := "10.244.0.0/16" // the TenantControlPlane's default
+	manifests, err := talosnode.TenantFlannel(podCIDR, worker.ip, tenantPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flannel := filepath.Join(t.TempDir(), "flannel.yaml")
+	if err := os.WriteFile(flannel, manifests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tenantKubectl("apply", "-f", flannel); err != nil {
+		t.Fatalf("flannel in the tenant: %s %v", out, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := tenantKubectlIn(context.Background(), "get", "nodes,pods", "-A", "-o", "wide")
+			t.Logf("the tenant's nodes and pods:\n%s%v", out, err)
+			out, err = tenantKubectlIn(context.Background(), "get", "events", "-A")
+			t.Logf("the tenant's events:\n%s%v", out, err)
+		}
+	})
+	poll.Within(t, 10*time.Minute, time.Second, "the worker's Node Ready", func() error {
+		out, err := tenantKubectl("get", "node", workerMachine, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].message}`)
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(out, "True ") {
+			return fmt.Errorf("Ready: %q", out)
+		}
+		return nil
+	})
+	qemuCPU, err := procstat.CPU(vm.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.nodeReady, f.nodeCPU, f.qemuCPU = time.Since(start), machineCPU(t)-cpu0, qemuCPU
+	t.Logf("Node %s was Ready %s after the VM started", workerMachine, f.nodeReady.Round(time.Second))
+
+	// It runs a pod from the mirror, with an address of its Node's pod
+	// subnet. The pod tolerates the two taints nothing lifts here: the
+	// cloud provider's (the operator's kubelets run with cloud-provider
+	// external; KubeVirt's cloud-controller-manager initialises Cozy's
+	// workers) and Cluster API's (its core Machine controller, not run
+	// here, lifts it once the Node is its Machine's).
+	probe := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","namespace":"default"},"spec":{` +
+		`"tolerations":[{"key":"node.cloudprovider.kubernetes.io/uninitialized","operator":"Exists","effect":"NoSchedule"},` +
+		`{"key":"node.cluster.x-k8s.io/uninitialized","operator":"Exists","effect":"NoSchedule"}],` +
+		`"containers":[{"name":"probe","image":"docker.io/library/busybox:1.35.0","command":["sleep","3600"]}]}}`
+	probeFile := filepath.Join(t.TempDir(), "probe.json")
+	if err := os.WriteFile(probeFile, []byte(probe), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tenantKubectl("apply", "-f", probeFile); err != nil {
+		t.Fatalf("a pod in the tenant: %s %v", out, err)
+	}
+	probeStart := time.Now()
+	poll.Within(t, 5*time.Minute, time.Second, "a pod Running on the worker", func() error {
+		out, err := tenantKubectl("get", "pod", "probe", "-o", `jsonpath={.spec.nodeName} {.status.phase} {.status.podIP}`)
+		if err != nil {
+			return err
+		}
+		var node, phase, ip string
+		fmt.Sscan(out, &node, &phase, &ip)
+		if node != workerMachine || phase != "Running" {
+			return fmt.Errorf("pod probe: %q", out)
+		}
+		nodeCIDR, err := tenantKubectl("get", "node", workerMachine, "-o", "jsonpath={.spec.podCIDR}")
+		if err != nil {
+			return err
+		}
+		_, subnet, err := net.ParseCIDR(nodeCIDR)
+		if err != nil || !subnet.Contains(net.ParseIP(ip)) {
+			t.Fatalf("pod probe's address %q is not of its Node's pod subnet %q (%v)", ip, nodeCIDR, err)
+		}
+		return nil
+	})
+	t.Logf("a pod ran on it %s after it was created", time.Since(probeStart).Round(time.Second))
 
 	// Its state is in the DataStore under its own prefix, and its own
 	// user may read only that.
@@ -394,6 +525,17 @@ func TestKamajiServesATenant(t *testing.T) {
 	if _, err := etcd.RoleGet(ctx, "tenants_acme"); err == nil {
 		t.Error("the tenant's etcd role outlived it")
 	}
+	return f
+}
+
+// machineCPU is the CPU the machine has spent busy so far.
+func machineCPU(t *testing.T) time.Duration {
+	t.Helper()
+	d, err := procstat.MachineCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // deployKamaji runs Kamaji's manager as a Deployment in kamaji-system
@@ -513,7 +655,7 @@ const workerMachine = "acme-md-0-x7k2p"
 // builds for a TenantCluster acme at version; and boots Cozy's worker
 // image with the user-data the provider renders, its network QEMU's user
 // network from the LAN.
-func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode, adminKubeconfig []byte, version string) {
+func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode, adminKubeconfig []byte, version string) workertest.VM {
 	t.Helper()
 	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
 	manager := testenv.KubeadmBootstrapManager(t)
@@ -561,7 +703,9 @@ func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clust
 			}},
 		},
 	}
-	children, err := tenantcluster.Desired(tc, version, tenantcluster.WorkerImages{Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true})
+	children, err := tenantcluster.Desired(tc, version, tenantcluster.WorkerImages{
+		Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://" + mirrorAddr,
+	})
 	if err != nil || len(children.Groups) != 1 {
 		t.Fatalf("the operator's children: %v (%d groups)", err, len(children.Groups))
 	}
@@ -585,6 +729,7 @@ func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clust
 		default:
 		}
 	})
+	return vm
 }
 
 // kamajiObject is a Kamaji object (kamaji.clastix.io/v1alpha1).

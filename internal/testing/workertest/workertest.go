@@ -195,6 +195,8 @@ type VM struct {
 	Serial string
 	// Exited receives QEMU's exit, if it ends before the test.
 	Exited <-chan error
+	// PID is QEMU's process, whose CPU time is the VM's.
+	PID int
 }
 
 // Boot starts the worker image's disk (read-only, as a containerDisk's
@@ -227,7 +229,7 @@ func Boot(ctx context.Context, t testing.TB, ns *netnstest.NS, dir, disk, seed s
 			t.Logf("VM serial log:\n%s\nQEMU: %s", log, qemuOut.String())
 		}
 	})
-	return VM{Serial: serial, Exited: exited}
+	return VM{Serial: serial, Exited: exited, PID: qemu.Process.Pid}
 }
 
 // WaitJoined waits for the worker agent's report that kubeadm join
