@@ -121,8 +121,8 @@ e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real 
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 25m -run 'TestKamajiServesATenant$$' -v ./lab/talosnode/
 
 .PHONY: bench
-bench: build envtest node ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)
-	GO=$(GO) hack/bench.sh
+bench: build envtest capi node kamaji ## Benchmarks, ours and peers side by side in one run, each with its goal and verdict, then a table of all verdicts (root; installs the peers)
+	GO=$(GO) KAMAJI_K8S=$(KAMAJI_K8S) hack/bench.sh
 
 .PHONY: microbench
 microbench: ## Go microbenchmarks of the netboot server's hot paths (diagnostics for profiling, no goals)
