@@ -36,10 +36,10 @@ import (
 	"cozy.dev/cozy/internal/imageref"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/operators/tenantcluster"
-	"cozy.dev/cozy/tenant/workerimage"
 	"cozy.dev/cozy/platform/flux"
 	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/platform/upstream"
+	"cozy.dev/cozy/tenant/workerimage"
 )
 
 // Image is one image the rack needs and what needs it.
