@@ -49,8 +49,9 @@ import (
 )
 
 const (
-	datastoreAddr = clusterSubnet + ".1:2379" // Kamaji's etcd DataStore, beside the mirror
-	tenantPort    = 31443                     // the tenant API's NodePort
+	datastoreAddr  = clusterSubnet + ".1:2379" // Kamaji's etcd DataStore, beside the mirror
+	datastoreQuota = 64 << 20                  // the DataStore's space, bytes
+	tenantPort     = 31443                     // the tenant API's NodePort
 )
 
 // TestKamajiServesATenant: Kamaji, built from its module, runs a tenant
@@ -125,6 +126,8 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
 		"--initial-cluster=datastore=http://127.0.0.1:2380",
 		"--client-cert-auth", "--trusted-ca-file=" + pki.file(t, "ca.crt"),
+		// Small, so that the test can fill it.
+		fmt.Sprintf("--quota-backend-bytes=%d", datastoreQuota),
 		"--cert-file=" + pki.file(t, "server.crt"), "--key-file=" + pki.file(t, "server.key"),
 	}, nil, dsExited)
 	etcd := pki.client(t, c.sw.Expose(t, datastoreAddr))
@@ -464,6 +467,15 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		t.Fatal(err)
 	}
 
+	// Bad input: the DataStore under it cannot be deleted (Kamaji's
+	// webhook refuses while a TenantControlPlane uses it).
+	if err := cl.Delete(ctx, kamajiObject("DataStore", "", "default", nil)); err == nil || !strings.Contains(err.Error(), "used by") {
+		t.Errorf("deleting the DataStore acme uses: %v, want refused", err)
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	fullDataStore(ctx, t, etcd, tenantKubectl)
+
 	// Deleted: its pods, the Secrets Kamaji made for it, its keys, user
 	// and role are gone.
 	var secrets corev1.SecretList
@@ -526,6 +538,60 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		t.Error("the tenant's etcd role outlived it")
 	}
 	return f
+}
+
+// fullDataStore fills the DataStore to its quota (keys of its root user
+// outside any tenant's prefix): the tenant's API then refuses writes
+// with etcd's own reason and still serves reads; once the space is
+// freed (the filler deleted, the history compacted and defragmented,
+// etcd's NOSPACE alarm disarmed, as an operator would), writes go
+// through again and nothing written before is lost.
+func fullDataStore(ctx context.Context, t *testing.T, etcd *clientv3.Client, tenantKubectl func(args ...string) (string, error)) {
+	t.Helper()
+	value := strings.Repeat("x", 1<<20)
+	var filled error
+	for i := 0; i < 2*datastoreQuota>>20 && filled == nil; i++ {
+		_, filled = etcd.Put(ctx, fmt.Sprintf("/filler/%03d", i), value)
+	}
+	if filled == nil || !strings.Contains(filled.Error(), "database space exceeded") {
+		t.Fatalf("filling the DataStore: %v", filled)
+	}
+	before, err := tenantKubectl("get", "ns", "-o", "name")
+	if err != nil {
+		t.Fatalf("the tenant's namespaces with its DataStore full: %v", err)
+	}
+	_, err = tenantKubectl("create", "namespace", "while-full")
+	if err == nil || !strings.Contains(err.Error(), "database space exceeded") {
+		t.Fatalf("a write to the tenant with its DataStore full: %v, want etcd's \"database space exceeded\"", err)
+	}
+	t.Logf("with the DataStore full, the tenant read its namespaces and refused a write: %v", err)
+
+	resp, err := etcd.Delete(ctx, "/filler/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.Defragment(ctx, etcd.Endpoints()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		t.Fatal(err)
+	}
+	poll.Within(t, time.Minute, time.Second, "a write to the tenant once its DataStore has room", func() error {
+		_, err := tenantKubectl("create", "namespace", "after-full")
+		return err
+	})
+	after, err := tenantKubectl("get", "ns", "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range strings.Fields(before) {
+		if !strings.Contains(after, ns+"\n") {
+			t.Errorf("namespace %s lost while the DataStore was full: %q", ns, after)
+		}
+	}
 }
 
 // machineCPU is the CPU the machine has spent busy so far.
