@@ -89,6 +89,12 @@ supported="$(sed -n 's/^[[:space:]]*KubeadmVersion = "\(v[0-9.]*\)"$/\1/p' "$mod
 #   (a conflict), and nothing retries: the Secret stayed forever, in 1 of
 #   3 runs of that test. A merge patch cannot conflict (upstream retries
 #   on conflict instead, #631, 2024-11-12).
+# - security: a Secret a DataStore names (its CA, its root client
+#   certificate) could be deleted under running tenants. Kamaji's webhook
+#   for Secrets is registered for DELETE only, but its handler checks on
+#   UPDATE and lets every deletion through (v1.0.0, and upstream's main
+#   in 2026 still). Deletions now get that check: refused while a
+#   DataStore names the Secret.
 src="$work/src"
 cp -r "$moddir" "$src"
 chmod -R u+w "$src"
@@ -103,6 +109,11 @@ fix internal/datastore/etcd.go \
 fix internal/datastore/etcd.go \
 	$'\tresponse, err := e.Client.Get(ctx, e.buildKey(fmt.Sprintf("%s_%s", tcp.GetNamespace(), tcp.GetName())), etcdclient.WithRange(rangeEnd))' \
 	$'\tresponse, err := e.Client.Get(ctx, e.buildKey(fmt.Sprintf("%s_%s", tcp.GetNamespace(), tcp.GetName())), etcdclient.WithPrefix())'
+# One line, so that fix can apply it: OnDelete runs OnUpdate's check,
+# and the no-op it was keeps a name nothing calls.
+fix internal/webhook/handlers/ds_secrets.go \
+	'func (d DataStoreSecretValidation) OnDelete(runtime.Object) AdmissionResponse {' \
+	'func (d DataStoreSecretValidation) OnDelete(object runtime.Object) AdmissionResponse { return d.OnUpdate(object, nil) }; func (DataStoreSecretValidation) noDeleteCheck(runtime.Object) AdmissionResponse {'
 fix internal/resources/datastore/datastore_storage_config.go \
 	$'\tif err := r.Client.Update(ctx, secret); err != nil {' \
 	$'\tif err := r.Client.Patch(ctx, secret, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {'

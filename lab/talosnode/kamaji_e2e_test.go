@@ -468,11 +468,21 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	}
 
 	// Bad input: the DataStore under it cannot be deleted (Kamaji's
-	// webhook refuses while a TenantControlPlane uses it).
+	// webhook refuses while a TenantControlPlane uses it), nor the
+	// Secrets that DataStore names (hack/kamaji.sh's fix: v1.0.0 let
+	// them go).
 	if err := cl.Delete(ctx, kamajiObject("DataStore", "", "default", nil)); err == nil || !strings.Contains(err.Error(), "used by") {
 		t.Errorf("deleting the DataStore acme uses: %v, want refused", err)
 	} else {
 		t.Logf("refused: %v", err)
+	}
+	for _, name := range []string{"datastore-ca", "datastore-root-client"} {
+		err := cl.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kamaji-system"}})
+		if err == nil || !strings.Contains(err.Error(), "cannot be deleted (default)") {
+			t.Errorf("deleting the DataStore's Secret %s: %v, want refused", name, err)
+		} else {
+			t.Logf("refused: %v", err)
+		}
 	}
 	fullDataStore(ctx, t, etcd, tenantKubectl)
 
