@@ -114,8 +114,7 @@ func (r *Rack) validateRegistries() []Problem {
 		return (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
 	}
 	if reg.Mirror != "" {
-		u, err := url.Parse(reg.Mirror)
-		if err != nil || !isHTTP(u) || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		if !imageref.IsMirrorURL(reg.Mirror) {
 			ps = append(ps, errorf("registries.mirror", "%q is not a registry's base URL such as http://10.0.0.1:5000 (http or https, a host, no path: images are under /v2/<upstream host>/...)", reg.Mirror))
 		}
 	}

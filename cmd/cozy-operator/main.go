@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"cozy.dev/cozy/internal/imageref"
 	"cozy.dev/cozy/internal/version"
 	"cozy.dev/cozy/operators/tenantcluster"
 )
@@ -102,7 +102,7 @@ func parse(args []string) (*options, error) {
 		}
 	}
 	if m := o.workerImages.Mirror; m != "" {
-		if u, err := url.Parse(m); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.User != nil {
+		if !imageref.IsMirrorURL(m) {
 			return nil, fmt.Errorf("--worker-registry-mirror %q: want http(s)://HOST[:PORT], the registry's base URL", m)
 		}
 		o.workerImages.Mirror = strings.TrimSuffix(m, "/")

@@ -14,6 +14,7 @@ package imageref
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/distribution/reference"
@@ -104,6 +105,15 @@ const WorkerImage = "cozy.dev/tenant-worker"
 // the registries Kubernetes, Talos and the platform pull from. Hosts of other
 // images a rack names are added where the images are known.
 var MirrorHosts = []string{"docker.io", "ghcr.io", "quay.io", "registry.k8s.io"}
+
+// IsMirrorURL says whether s is a registry mirror's base URL, as
+// registries.mirror takes it: http or https, a host, no path (but "/"),
+// query, fragment or user; the images are under /v2/<upstream host>/.
+func IsMirrorURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != "" &&
+		(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil
+}
 
 // MirrorEndpoint is the URL containerd pulls host's images from, in the
 // registry at mirrorURL (http(s)://HOST[:PORT]), with overridePath set:

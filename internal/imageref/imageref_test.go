@@ -95,3 +95,23 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestIsMirrorURL(t *testing.T) {
+	for s, want := range map[string]bool{
+		"http://10.0.0.1:5000":              true,
+		"https://registry.example.com/":     true,
+		"10.0.0.1:5000":                     false,
+		"ftp://10.0.0.1":                    false,
+		"http://10.0.0.1:5000/v2/docker.io": false,
+		"http://10.0.0.1:5000//":            false,
+		"http://10.0.0.1:5000?x=1":          false,
+		"http://10.0.0.1:5000#x":            false,
+		"http://user@10.0.0.1:5000":         false,
+		"http://:5000":                      false,
+		"":                                  false,
+	} {
+		if got := IsMirrorURL(s); got != want {
+			t.Errorf("IsMirrorURL(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
