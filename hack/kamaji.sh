@@ -5,7 +5,7 @@
 #   etcd      etcd v3.6.10 for its DataStore (hack/envtest-assets.sh's)
 #   images/   an OCI image layout (as hack/platform-images.sh writes) for
 #             `cozyctl images mirror --from`:
-#               docker.io/clastix/kamaji:v1.0.0 (the manager, with two
+#               docker.io/clastix/kamaji:v1.0.0 (the manager, with three
 #                 fixes below; CGO_ENABLED=0)
 #               registry.k8s.io/kube-apiserver:v1.30.2
 #               registry.k8s.io/kube-controller-manager:v1.30.2
