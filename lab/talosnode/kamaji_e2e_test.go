@@ -38,6 +38,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"cozy.dev/cozy/internal/procstat"
+	"cozy.dev/cozy/internal/testing/clustertest"
 	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
@@ -392,44 +393,22 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	f.nodeReady, f.nodeCPU, f.qemuCPU = time.Since(start), machineCPU(t)-cpu0, qemuCPU
 	t.Logf("Node %s was Ready %s after the VM started", workerMachine, f.nodeReady.Round(time.Second))
 
-	// It runs a pod from the mirror, with an address of its Node's pod
-	// subnet. The pod tolerates the two taints nothing lifts here: the
-	// cloud provider's (the operator's kubelets run with cloud-provider
-	// external; KubeVirt's cloud-controller-manager initialises Cozy's
-	// workers) and Cluster API's (its core Machine controller, not run
-	// here, lifts it once the Node is its Machine's).
-	probe := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","namespace":"default"},"spec":{` +
-		`"tolerations":[{"key":"node.cloudprovider.kubernetes.io/uninitialized","operator":"Exists","effect":"NoSchedule"},` +
-		`{"key":"node.cluster.x-k8s.io/uninitialized","operator":"Exists","effect":"NoSchedule"}],` +
-		`"containers":[{"name":"probe","image":"docker.io/library/busybox:1.35.0","command":["sleep","3600"]}]}}`
-	probeFile := filepath.Join(t.TempDir(), "probe.json")
-	if err := os.WriteFile(probeFile, []byte(probe), 0o600); err != nil {
+	// It runs a pod from the mirror (clustertest's probe, which tolerates
+	// the two taints nothing lifts here: the cloud provider's, as the
+	// operator's kubelets run with cloud-provider external and KubeVirt's
+	// cloud-controller-manager initialises Cozy's workers, and Cluster
+	// API's, which its core Machine controller, not run here, lifts once
+	// the Node is its Machine's), with an address of its Node's pod subnet.
+	probeStart := time.Now()
+	probes := clustertest.RunProbes(t, tenantKubectl, []string{workerMachine}, 5*time.Minute)
+	nodeCIDR, err := tenantKubectl("get", "node", workerMachine, "-o", "jsonpath={.spec.podCIDR}")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := tenantKubectl("apply", "-f", probeFile); err != nil {
-		t.Fatalf("a pod in the tenant: %s %v", out, err)
+	_, subnet, err := net.ParseCIDR(nodeCIDR)
+	if err != nil || len(probes) != 1 || !subnet.Contains(net.ParseIP(probes[0].IP)) {
+		t.Fatalf("the probe pods %v are not one with an address of its Node's pod subnet %q (%v)", probes, nodeCIDR, err)
 	}
-	probeStart := time.Now()
-	poll.Within(t, 5*time.Minute, time.Second, "a pod Running on the worker", func() error {
-		out, err := tenantKubectl("get", "pod", "probe", "-o", `jsonpath={.spec.nodeName} {.status.phase} {.status.podIP}`)
-		if err != nil {
-			return err
-		}
-		var node, phase, ip string
-		fmt.Sscan(out, &node, &phase, &ip)
-		if node != workerMachine || phase != "Running" {
-			return fmt.Errorf("pod probe: %q", out)
-		}
-		nodeCIDR, err := tenantKubectl("get", "node", workerMachine, "-o", "jsonpath={.spec.podCIDR}")
-		if err != nil {
-			return err
-		}
-		_, subnet, err := net.ParseCIDR(nodeCIDR)
-		if err != nil || !subnet.Contains(net.ParseIP(ip)) {
-			t.Fatalf("pod probe's address %q is not of its Node's pod subnet %q (%v)", ip, nodeCIDR, err)
-		}
-		return nil
-	})
 	t.Logf("a pod ran on it %s after it was created", time.Since(probeStart).Round(time.Second))
 
 	// Its state is in the DataStore under its own prefix, and its own
