@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -97,9 +98,13 @@ func Desired(tc *v1.TenantCluster, workerVersion string, w WorkerImages) (Childr
 // the control plane has finished. A node group that names no image boots
 // w's for its version.
 func DesiredAt(tc *v1.TenantCluster, v Versions, w WorkerImages) (Children, error) {
+	dns, err := dnsServiceIP(tc.Spec.Network.ServiceCIDR)
+	if err != nil {
+		return Children{}, err
+	}
 	c := Children{
 		Cluster:      desiredCluster(tc),
-		ControlPlane: desiredKamajiControlPlane(tc, v.ControlPlane),
+		ControlPlane: desiredKamajiControlPlane(tc, v.ControlPlane, dns),
 		Infra:        desiredKubevirtCluster(tc),
 	}
 	for _, g := range tc.Spec.NodeGroups {
@@ -182,14 +187,19 @@ func desiredCluster(tc *v1.TenantCluster) *unstructured.Unstructured {
 // management cluster. No kube-proxy add-on (the tenant's Cilium replaces
 // it); the API server reaches kubelets by internal address first, and the
 // kubelets use the systemd cgroup driver, as the CAPK images do.
-func desiredKamajiControlPlane(tc *v1.TenantCluster, version string) *unstructured.Unstructured {
+func desiredKamajiControlPlane(tc *v1.TenantCluster, version, dnsServiceIP string) *unstructured.Unstructured {
 	cp := tc.Spec.ControlPlane
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion(kamajiGroup + "/" + kamajiVersion)
 	u.SetKind(kindKamajiCP)
 	setMeta(u, meta(tc, tc.Name, nil))
 
-	addons := map[string]any{"coreDNS": map[string]any{}}
+	// CoreDNS's Service at the tenth address of the service range, as
+	// kubeadm puts it, named rather than left to Kamaji: v1.0.0 defaults
+	// it to 10.96.0.10 whatever the range, and its webhook then refuses
+	// the control plane (TestKamajiServesATenant); newer Kamaji computes
+	// this same address.
+	addons := map[string]any{"coreDNS": map[string]any{"dnsServiceIPs": []any{dnsServiceIP}}}
 	if cp.Konnectivity == nil || *cp.Konnectivity {
 		addons["konnectivity"] = map[string]any{}
 	}
@@ -220,6 +230,18 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster, version string) *unstructur
 	}
 	u.Object["spec"] = spec
 	return u
+}
+
+// dnsServiceIP is the tenth address of the service range cidr, which
+// the TenantCluster's schema holds to an IPv4 network of /24 or larger.
+func dnsServiceIP(cidr string) (string, error) {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 24 {
+		return "", fmt.Errorf("network.serviceCIDR %q is not an IPv4 network of /24 or larger", cidr)
+	}
+	a := p.Masked().Addr().As4()
+	a[3] += 10
+	return netip.AddrFrom4(a).String(), nil
 }
 
 // extraArgs turns the map into --name=value flags, sorted for a stable

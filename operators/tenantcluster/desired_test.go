@@ -278,3 +278,28 @@ func TestCSINodeChart(t *testing.T) {
 		t.Errorf("no infraStorageClassName: %v", err)
 	}
 }
+
+// TestDNSServiceIP: CoreDNS's Service is the tenth address of the
+// service range, whatever address the range is written with; a range
+// the schema would refuse is an error from Desired, not a panic.
+func TestDNSServiceIP(t *testing.T) {
+	for _, tt := range []struct{ cidr, want, err string }{
+		{"10.95.0.0/16", "10.95.0.10", ""},
+		{"10.96.0.0/12", "10.96.0.10", ""},
+		{"192.168.7.0/24", "192.168.7.10", ""},
+		{"10.95.3.7/16", "10.95.0.10", ""},
+		{"10.95.0.0/25", "", "not an IPv4 network of /24 or larger"},
+		{"fd00::/64", "", "not an IPv4 network"},
+		{"", "", `network.serviceCIDR ""`},
+	} {
+		got, err := dnsServiceIP(tt.cidr)
+		if got != tt.want || (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+			t.Errorf("dnsServiceIP(%q) = %q, %v; want %q, error %q", tt.cidr, got, err, tt.want, tt.err)
+		}
+	}
+	tc := fixture(t)
+	tc.Spec.Network.ServiceCIDR = "10.95.0.0/25"
+	if _, err := Desired(tc, tc.Spec.Version, testImages); err == nil || !strings.Contains(err.Error(), "network.serviceCIDR") {
+		t.Errorf("Desired with a /25 service range: %v, want an error naming network.serviceCIDR", err)
+	}
+}

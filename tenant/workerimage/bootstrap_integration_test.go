@@ -37,6 +37,8 @@ func tenant() *v1.TenantCluster {
 		ObjectMeta: metav1.ObjectMeta{Name: cluster, Namespace: namespace, UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
 		Spec: v1.TenantClusterSpec{
 			Version: version,
+			// The schema's defaults, which the API server would fill in.
+			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
 			NodeGroups: []v1.NodeGroup{{
 				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
 				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
