@@ -3,6 +3,9 @@
 # tenant control planes run, and prints a directory holding
 #
 #   etcd      etcd v3.6.10 for its DataStore (hack/envtest-assets.sh's)
+#   kamaji-control-plane-provider
+#             the Kamaji control-plane provider for Cluster API v0.20.0,
+#             built against Kamaji v1.0.0 (below)
 #   images/   an OCI image layout (as hack/platform-images.sh writes) for
 #             `cozyctl images mirror --from`:
 #               docker.io/clastix/kamaji:v1.0.0 (the manager, with three
@@ -22,6 +25,13 @@
 # Kamaji is built in a wrapper module that requires it and carries its
 # go.mod's replace lines (the staging modules at v0.30.2).
 #
+# The Kamaji control-plane provider v0.20.0 (the version Cozy's CRDs and
+# cozy-operator's objects are of) requires a Kamaji pseudo-version the
+# proxy refuses; it is built against v1.0.0 (this script's copy) with
+# hack/kamajiprovider/kamaji-v1.0.0.patch, which takes out what v1.0.0's
+# TenantControlPlane has no field for and makes the provider refuse a
+# KamajiControlPlane that sets it (the patch's header lists them).
+#
 # Cached in $COZY_CACHE_DIR/kamaji/<key>, the key naming both versions,
 # ca-certificates' version and a hash of the Go version and of the code
 # that builds and packs; built in a temporary directory and renamed into
@@ -35,6 +45,8 @@ set -euo pipefail
 
 version=v1.0.0
 module=github.com/clastix/kamaji
+provider_version=v0.20.0
+provider_module=github.com/clastix/cluster-api-control-plane-provider-kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
 etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
 
@@ -46,7 +58,7 @@ cache_root="${COZY_CACHE_DIR:-${HOME:-/root}/.cache/cozy}"
 (($# == 0)) || { echo "usage: hack/kamaji.sh (prints the directory)" >&2; exit 2; }
 log() { echo "kamaji: $*" >&2; }
 die() { log "$*"; exit 1; }
-for tool in go jq apt-get apt-cache dpkg-deb sha256sum; do
+for tool in go jq apt-get apt-cache dpkg-deb sha256sum patch; do
 	command -v "$tool" >/dev/null || die "$tool is not installed (see hack/install-deps.sh)"
 done
 
@@ -54,11 +66,11 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
-	cat hack/kamaji.sh hack/debroot.sh hack/kamajiimages/main.go
+	cat hack/kamaji.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-out="$cache_root/kamaji/${version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
-if [[ -x $out/etcd && -f $out/images/index.json ]]; then
+out="$cache_root/kamaji/${version}_provider-${provider_version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+if [[ -x $out/etcd && -x $out/kamaji-control-plane-provider && -f $out/images/index.json ]]; then
 	echo "$out"
 	exit 0
 fi
@@ -128,6 +140,27 @@ fix internal/resources/datastore/datastore_storage_config.go \
 	-o "$work/kamaji.bin" "$module" >&2)
 "$work/kamaji.bin" manager --help >/dev/null 2>&1 || die "the built Kamaji does not run"
 
+log "building the Kamaji control-plane provider $provider_version against Kamaji $version (about 3 minutes cold)"
+pmod="$work/provider"
+mkdir -p "$pmod"
+pdir="$(cd "$pmod" && printf 'module x\n' >go.mod && go mod download -json "$provider_module@$provider_version" | jq -r .Dir)"
+[[ -d $pdir ]] || die "cannot download $provider_module@$provider_version"
+cp -r "$pdir" "$work/provider-src"
+chmod -R u+w "$work/provider-src"
+patch -s -p1 -d "$work/provider-src" <"$repo/hack/kamajiprovider/kamaji-v1.0.0.patch" >&2 ||
+	die "hack/kamajiprovider/kamaji-v1.0.0.patch does not apply to $provider_module $provider_version"
+# The provider's own replace lines, and Kamaji at this script's copy of
+# v1.0.0 in place of the pseudo-version the proxy refuses.
+{
+	printf 'module cozy.dev/tools/kamaji-provider\n\ngo 1.26\n\nrequire %s %s\n\n' "$provider_module" "$provider_version"
+	printf 'replace %s %s => ../provider-src\n\nreplace %s => ../src\n\n' "$provider_module" "$provider_version" "$module"
+	go mod edit -json "$pdir/go.mod" |
+		jq -r '.Replace[]? | select(.New.Version != null) |
+			"replace \(.Old.Path)\(if .Old.Version then " " + .Old.Version else "" end) => \(.New.Path) \(.New.Version)"'
+} >"$pmod/go.mod"
+(cd "$pmod" && go build -trimpath -ldflags "-s -w" -o "$work/provider.bin" "$provider_module" >&2)
+"$work/provider.bin" --help >/dev/null 2>&1 || die "the built Kamaji control-plane provider does not run"
+
 log "Debian ca-certificates $ca_deb"
 debroot "$work" "ca-certificates=$ca_deb"
 
@@ -137,6 +170,7 @@ mkdir -p "$work/out"
 "$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
 	-kubernetes "$kube" -kubernetes-version "$k8s_version"
 install -m 0755 "$kube/etcd" "$work/out/etcd"
+install -m 0755 "$work/provider.bin" "$work/out/kamaji-control-plane-provider"
 chmod 0755 "$work/out" "$work/out/images"
 mv -T "$work/out" "$out" 2>/dev/null || [[ -f "$out/images/index.json" ]] || die "cannot move the build to $out"
 echo "$out"

@@ -26,11 +26,17 @@ const KamajiImage = "docker.io/clastix/kamaji:" + KamajiVersion
 var KamajiCRDs = CRDSource{Module: "github.com/clastix/kamaji", Version: KamajiVersion, Dir: "config/crd"}
 
 // Kamaji returns the directory hack/kamaji.sh built (COZY_KAMAJI): the
-// DataStore's etcd (etcd) and the images Kamaji and its tenant control
+// DataStore's etcd (etcd), the Kamaji control-plane provider
+// (KamajiProviderBinary) and the images Kamaji and its tenant control
 // planes run (images/, an OCI layout).
 func Kamaji(t testing.TB) string {
-	return BuiltDir(t, "COZY_KAMAJI", "hack/kamaji.sh", "etcd", "images/index.json")
+	return BuiltDir(t, "COZY_KAMAJI", "hack/kamaji.sh", "etcd", KamajiProviderBinary, "images/index.json")
 }
+
+// KamajiProviderBinary is the Kamaji control-plane provider's manager in
+// Kamaji's directory: v0.20.0, ported to Kamaji v1.0.0
+// (hack/kamajiprovider).
+const KamajiProviderBinary = "kamaji-control-plane-provider"
 
 // KamajiWebhooks returns Kamaji's admission webhook configurations, read
 // from its module, pointed at the Service namespace/service (port 443)
