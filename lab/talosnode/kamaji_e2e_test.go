@@ -32,70 +32,66 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"cozy.dev/cozy/internal/procstat"
 	"cozy.dev/cozy/internal/testing/clustertest"
-	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
-	"cozy.dev/cozy/internal/testing/workertest"
 	"cozy.dev/cozy/lab/talosnode"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
-	"cozy.dev/cozy/operators/tenantcluster"
-	"cozy.dev/cozy/tenant/workerimage"
 )
 
 const (
 	datastoreAddr  = clusterSubnet + ".1:2379" // Kamaji's etcd DataStore, beside the mirror
 	datastoreQuota = 64 << 20                  // the DataStore's space, bytes
-	tenantPort     = 31443                     // the tenant API's NodePort
 )
 
-// TestKamajiServesATenant: Kamaji, built from its module, runs a tenant
-// control plane as pods on real nodes, with its state in an etcd
-// DataStore; a worker booted from Cozy's own image joins it; deleting it
-// removes every trace. Kamaji's manager runs as a pod from its image
-// built here and served by the mirror (its webhooks behind a Service),
-// the DataStore is an etcd with client-certificate auth (and etcd auth
-// on, as kamaji-etcd sets it up) on the nodes' LAN, and the
-// TenantControlPlane's kube-apiserver, controller-manager and scheduler
-// run as pods on the worker node from images built here too. The
-// tenant's API answers kubectl through the admin kubeconfig Kamaji
-// writes, on a NodePort of the worker node's address. The real kubeadm
-// bootstrap provider, running against the same management cluster,
-// renders the user-data of a Machine of cozy-operator's node group, and
-// Cozy's worker image boots with it under QEMU: its Node registers in the
-// tenant; its containerd pulls through the mirror cozy-operator's
-// user-data names; with a CNI (flannel) the Node is Ready and runs a pod.
-// The tenant's keys sit under its own prefix in the DataStore,
-// readable by its own etcd user and no other prefix; once it is deleted,
-// its pods, the Secrets Kamaji made, its keys, user and role are gone.
+// TestKamajiServesATenant: cozy-operator's children for a TenantCluster
+// become a running tenant through the real controllers: Cluster API's
+// core and kubeadm bootstrap managers and the Kamaji control-plane
+// provider (v0.20.0, ported to Kamaji v1.0.0 by hack/kamaji.sh) run as
+// processes on the control plane node, Kamaji (built from its module)
+// as a pod from its image served by the mirror, its webhooks behind a
+// Service. The provider makes the TenantControlPlane from the operator's
+// KamajiControlPlane; Kamaji runs its kube-apiserver, controller-manager
+// and scheduler as pods on the worker node from images built here, its
+// state in an etcd DataStore on the nodes' LAN (client-certificate TLS,
+// etcd auth on, as kamaji-etcd sets it up), its API on a ClusterIP
+// Service, as the operator exposes it on a rack without a load-balancer
+// pool. The provider reports the endpoint and readiness to Cluster API;
+// core makes the node group's Machine, the bootstrap provider its
+// user-data, and Cozy's worker image boots with it under QEMU in the
+// worker node's network namespace (as KubeVirt runs a VM in a pod): its
+// Node registers in the tenant; its containerd pulls through the mirror
+// cozy-operator's user-data names; with a CNI (flannel) the Node is Ready
+// and runs a pod. The tenant's keys sit under its own prefix in the
+// DataStore, readable by its own etcd user and no other prefix; once its
+// children are deleted, its Cluster API objects, pods, the Secrets Kamaji
+// made, its keys, user and role are gone.
 //
-// Not here: the TenantControlPlane is written by the test, as the Kamaji
-// control-plane provider would write it from cozy-operator's
-// KamajiControlPlane, and so are the Cluster API objects that provider
-// and the core controller would write (neither can be built:
-// docs/tenants.md); no Konnectivity (no image built for it); the worker
-// boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
+// Not here: the operator's controller itself (its children are applied
+// as it applies them, without their owner: a TenantCluster's schema
+// accepts v1.34 and newer, Kamaji v1.0.0 serves v1.30.2 at most); CAPK,
+// so the Machine is never provisioned and its Node keeps Cluster API's
+// uninitialized taint; no Konnectivity (no image built for it); the
+// worker boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
 // flannel, not the Cilium Cozy gives tenants (it cannot be built here),
 // and no cloud-controller-manager initialises the Node (KubeVirt's does
-// for Cozy's workers); Kubernetes v1.30.2, the newest Kamaji v1.0.0
-// serves.
+// for Cozy's workers).
 func TestKamajiServesATenant(t *testing.T) {
 	f := serveKamajiTenant(t)
-	t.Logf("the tenant's API answered %s after its TenantControlPlane was created (the machine's CPU: %s); its worker's Node was Ready %s after the VM started (the machine's CPU: %s, QEMU's %s)",
+	t.Logf("the tenant's API answered %s after its children were applied (the machine's CPU: %s); its worker's Node was Ready %s after the VM started (the machine's CPU: %s, QEMU's %s)",
 		f.apiAnswers.Round(100*time.Millisecond), f.apiCPU.Round(100*time.Millisecond),
 		f.nodeReady.Round(time.Second), f.nodeCPU.Round(time.Second), f.qemuCPU.Round(time.Second))
 }
 
 // tenantFigures are what serveKamajiTenant measured.
 type tenantFigures struct {
-	// apiAnswers: TenantControlPlane created → its API answers /version,
-	// with the CPU the whole machine spent meanwhile.
+	// apiAnswers: cozy-operator's children applied → the tenant's API
+	// answers /version, with the CPU the whole machine spent meanwhile.
 	apiAnswers, apiCPU time.Duration
 	// nodeReady: the worker VM started → its Node Ready in the tenant
 	// (kubeadm join, then flannel from the mirror), with the machine's
@@ -192,32 +188,15 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	// mirror, with its ClusterRole, its webhooks behind a Service.
 	deployKamaji(ctx, t, c, cl)
 	worker := c.nodes[1]
-
-	// A tenant control plane as the Kamaji provider writes it from
-	// cozy-operator's KamajiControlPlane (desiredKamajiControlPlane): one
-	// replica, CoreDNS, the systemd cgroup driver; exposed on a NodePort
-	// of the worker, as the lab has no load-balancer pool here.
 	version := "v1.30.2"
-	tcp := kamajiObject("TenantControlPlane", "tenants", "acme", map[string]any{
-		"dataStore": "default",
-		"controlPlane": map[string]any{
-			"deployment": map[string]any{"replicas": int64(1)},
-			"service":    map[string]any{"serviceType": "NodePort"},
-		},
-		"kubernetes": map[string]any{
-			"version": version,
-			"kubelet": map[string]any{"cgroupfs": "systemd", "preferredAddressTypes": []any{"InternalIP", "ExternalIP", "Hostname"}},
-		},
-		"networkProfile": map[string]any{"address": worker.ip, "port": int64(tenantPort)},
-		"addons":         map[string]any{"coreDNS": map[string]any{}},
-	})
+
 	// Bad input: a control plane naming a DataStore that does not exist
 	// is refused, with its name, before anything is made for it.
-	ghost := tcp.DeepCopy()
-	ghost.SetName("ghost")
-	if err := unstructured.SetNestedField(ghost.Object, "gone", "spec", "dataStore"); err != nil {
-		t.Fatal(err)
-	}
+	ghost := kamajiObject("TenantControlPlane", "tenants", "ghost", map[string]any{
+		"dataStore":    "gone",
+		"controlPlane": map[string]any{"deployment": map[string]any{"replicas": int64(1)}, "service": map[string]any{"serviceType": "ClusterIP"}},
+		"kubernetes":   map[string]any{"version": version, "kubelet": map[string]any{"cgroupfs": "systemd"}},
+	})
 	var refused error
 	poll.Within(t, time.Minute, time.Second, "the webhooks refusing a TenantControlPlane of a missing DataStore", func() error {
 		err := cl.Create(ctx, ghost.DeepCopy())
@@ -234,27 +213,68 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	})
 	t.Logf("refused: %v", refused)
 
+	// Cluster API and the Kamaji control-plane provider run beside Kamaji.
+	ctx, managerExited := context.WithCancelCause(ctx)
+	defer managerExited(nil)
+	startClusterAPI(ctx, t, c, kamaji, managerExited)
+	mgmt := managementClient(t, c)
+
+	// The tenant: cozy-operator's children for a TenantCluster acme with
+	// one control-plane replica, exposed as a ClusterIP Service (which the
+	// management cluster's nodes and VMs reach; there is no load-balancer
+	// pool here), Konnectivity off (no image built for it), and one node
+	// group of one worker. The Kamaji provider makes the
+	// TenantControlPlane from the operator's KamajiControlPlane.
+	tc := &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
+		Spec: v1.TenantClusterSpec{
+			Version: version,
+			ControlPlane: v1.ControlPlane{
+				Replicas: 1, DataStoreName: "default", Konnectivity: ptr.To(false),
+				Expose: v1.Expose{Type: v1.ExposeClusterIP},
+			},
+			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
+			NodeGroups: []v1.NodeGroup{{
+				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
+				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
+				Labels:    map[string]string{"cozy.dev/tenant": "acme"},
+			}},
+		},
+	}
 	cpu0 := machineCPU(t)
 	start := time.Now()
-	if err := cl.Create(ctx, tcp); err != nil {
-		t.Fatalf("create the TenantControlPlane: %v", err)
-	}
+	children := applyChildren(ctx, t, mgmt, tc)
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, err := c.kubectl("-n", "tenants", "get", "tenantcontrolplanes,deployments,pods,services,secrets", "-o", "wide")
+			out, err := c.kubectl("-n", "tenants", "get", "clusters,kamajicontrolplanes,machinedeployments,machines,kubeadmconfigs,tenantcontrolplanes,deployments,pods,services,secrets", "-o", "wide")
 			t.Logf("kubectl get -n tenants:\n%s%v", out, err)
-			out, err = c.kubectl("-n", "tenants", "get", "tenantcontrolplane", "acme", "-o", "jsonpath={.status}")
+			out, err = c.kubectl("-n", "tenants", "get", "tenantcontrolplane,kamajicontrolplane,cluster", "acme", "-o", "jsonpath={.status}")
 			t.Logf("acme's status: %s%v", out, err)
 		}
 	})
-	// Its API answers as soon as /version does (readable by anyone):
-	// what a user waits for, whatever Kamaji's status says yet.
+	// Its API answers on its Service as soon as /version does (readable
+	// by anyone): what a user waits for, whatever Kamaji's status says yet.
+	var apiHost string
+	poll.Within(t, 5*time.Minute, time.Second, "the tenant's Service", func() error {
+		if err := context.Cause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var svc corev1.Service
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: "acme"}, &svc); err != nil {
+			return err
+		}
+		if apiHost = svc.Spec.ClusterIP; apiHost == "" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
+			return fmt.Errorf("Service acme: %s %q", svc.Spec.Type, apiHost)
+		}
+		return nil
+	})
+	apiAddr := net.JoinHostPort(apiHost, "6443")
 	anonymous := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext:     c.sw.DialContext,
+		DialContext:     worker.ns.DialContext,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // only the time it answers is read
 	}}
-	poll.Within(t, 12*time.Minute, 250*time.Millisecond, "the tenant's API answering /version", func() error {
-		resp, err := anonymous.Get(fmt.Sprintf("https://%s:%d/version", worker.ip, tenantPort))
+	answers := func() error {
+		resp, err := anonymous.Get("https://" + apiAddr + "/version")
 		if err != nil {
 			return err
 		}
@@ -263,9 +283,10 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 			return fmt.Errorf("/version: %s", resp.Status)
 		}
 		return nil
-	})
+	}
+	poll.Within(t, 12*time.Minute, 250*time.Millisecond, "the tenant's API answering /version", answers)
 	f.apiAnswers, f.apiCPU = time.Since(start), machineCPU(t)-cpu0
-	t.Logf("the tenant's API answered %s after the TenantControlPlane was created", f.apiAnswers.Round(100*time.Millisecond))
+	t.Logf("the tenant's API answered %s after cozy-operator's children were applied", f.apiAnswers.Round(100*time.Millisecond))
 	poll.Within(t, 12*time.Minute, time.Second, "the TenantControlPlane Ready", func() error {
 		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
@@ -279,7 +300,8 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		return nil
 	})
 	ready := time.Now()
-	t.Logf("the TenantControlPlane was Ready %s after it was created", ready.Sub(start).Round(time.Second))
+	t.Logf("the TenantControlPlane was Ready %s after cozy-operator's children were applied", ready.Sub(start).Round(time.Second))
+	checkClusterAPIControlPlane(ctx, t, mgmt, apiHost, answers)
 
 	// Its control plane runs as pods on the worker, from the mirror's
 	// images.
@@ -304,13 +326,13 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	if err := os.WriteFile(tenantKubeconfig, secret.Data["admin.conf"], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("server: https://%s:%d", worker.ip, tenantPort); !bytes.Contains(secret.Data["admin.conf"], []byte(want)) {
+	if want := "server: https://" + apiAddr; !bytes.Contains(secret.Data["admin.conf"], []byte(want)) {
 		t.Errorf("acme's admin kubeconfig has no %q", want)
 	}
 	// tenantKubectlIn runs kubectl with the tenant's admin kubeconfig;
 	// the cleanups' own context outlives the test's.
 	tenantKubectlIn := func(ctx context.Context, args ...string) (string, error) {
-		cmd := c.sw.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", tenantKubeconfig, "--request-timeout", "20s"}, args...)...)
+		cmd := worker.ns.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", tenantKubeconfig, "--request-timeout", "20s"}, args...)...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {
@@ -337,10 +359,10 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		t.Errorf("the CoreDNS add-on in the tenant: %s %v", out, err)
 	}
 
-	// A worker joins it: the real kubeadm bootstrap provider renders the
-	// user-data of a Machine of cozy-operator's node group, and Cozy's
-	// worker image boots with it under QEMU.
-	vm := joinWorker(ctx, t, c, worker, secret.Data["admin.conf"], version)
+	// A worker joins it: Cluster API's core makes the node group's
+	// Machine, the kubeadm bootstrap provider renders its user-data, and
+	// Cozy's worker image boots with it under QEMU.
+	vm, workerMachine := joinWorker(ctx, t, mgmt, worker, "tenants", "acme", version)
 	cpu0, start = machineCPU(t), time.Now()
 	poll.Within(t, 10*time.Minute, 2*time.Second, "the worker's Node in the tenant", func() error {
 		out, err := tenantKubectl("get", "node", workerMachine, "-o", `jsonpath={.status.nodeInfo.kubeletVersion} {.metadata.labels.cozy\.dev/tenant}`)
@@ -356,8 +378,7 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 
 	// With a CNI the Node is Ready. The worker pulls flannel through the
 	// mirror the operator's user-data names (the lab's images are there).
-	podCIDR := "10.244.0.0/16" // the TenantControlPlane's default
-	manifests, err := talosnode.TenantFlannel(podCIDR, worker.ip, tenantPort)
+	manifests, err := talosnode.TenantFlannel(tc.Spec.Network.PodCIDR, apiHost, 6443)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,9 +503,15 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	if len(kamajiSecrets) < 5 {
 		t.Errorf("Secrets owned by the TenantControlPlane: %v", kamajiSecrets)
 	}
+	// Deleted as the garbage collector deletes a TenantCluster's
+	// children, all at once: Cluster API takes the Cluster's Machines
+	// and its KamajiControlPlane, the provider's TenantControlPlane goes
+	// with it, and Kamaji takes down what it made.
 	start = time.Now()
-	if err := cl.Delete(ctx, tcp); err != nil {
-		t.Fatal(err)
+	for _, u := range children.All() {
+		if err := mgmt.Delete(ctx, u.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
 	}
 	poll.Within(t, 5*time.Minute, time.Second, "the TenantControlPlane gone", func() error {
 		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
@@ -493,7 +520,8 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		}
 		return nil
 	})
-	t.Logf("the TenantControlPlane was gone %s after its deletion", time.Since(start).Round(time.Second))
+	t.Logf("the TenantControlPlane was gone %s after the children's deletion", time.Since(start).Round(time.Second))
+	clusterAPIGone(ctx, t, mgmt, "tenants", "acme")
 	poll.Within(t, 3*time.Minute, time.Second, "its pods and Secrets gone", func() error {
 		var pods corev1.PodList
 		var secrets corev1.SecretList
@@ -695,96 +723,6 @@ func deployKamaji(ctx context.Context, t *testing.T, c *procCluster, cl client.C
 			t.Fatal(err)
 		}
 	}
-}
-
-// workerMachine is the tenant's worker Machine, as a MachineSet of node
-// group md0 names it.
-const workerMachine = "acme-md-0-x7k2p"
-
-// joinWorker runs the Cluster API kubeadm bootstrap provider's manager
-// against the management cluster, in a namespace of its own on the LAN,
-// with the Cluster API kinds it needs; writes what Cluster API and the
-// Kamaji provider would for the tenant (the Cluster, its -kubeconfig
-// Secret from Kamaji's admin kubeconfig; its -ca Secret is Kamaji's own),
-// a Machine and a KubeadmConfig cloned from the template cozy-operator
-// builds for a TenantCluster acme at version; and boots Cozy's worker
-// image with the user-data the provider renders, its network QEMU's user
-// network from the LAN.
-func joinWorker(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode, adminKubeconfig []byte, version string) workertest.VM {
-	t.Helper()
-	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
-	manager := testenv.KubeadmBootstrapManager(t)
-	var sources []testenv.CRDSource
-	for _, src := range testenv.UpstreamCRDs() {
-		if src.Module == "sigs.k8s.io/cluster-api" {
-			sources = append(sources, src)
-		}
-	}
-	crds, err := testenv.LoadCRDs(ctx, sources)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(rc, client.Options{Scheme: workertest.Scheme(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, crd := range crds {
-		if err := clusterClient(t, c).Create(ctx, crd); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The provider gets a namespace, and an address, of its own on the
-	// LAN, as a pod of its own would: its webhook server binds every
-	// interface, and the bridge's namespace serves the mirror.
-	capi := netnstest.New(t, "capi")
-	netnstest.Veth(t, capi, "eth0", clusterSubnet+".3/24", c.sw, "p-capi", "")
-	c.sw.IP(t, "link", "set", "p-capi", "master", "br0")
-	ctx, exited := context.WithCancelCause(ctx)
-	t.Cleanup(func() { exited(nil) })
-	testenv.StartCAPIManager(t, capi, manager, c.kubeconfig, testenv.WebhookCertDir(t), exited)
-
-	tc := &v1.TenantCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
-		Spec: v1.TenantClusterSpec{
-			Version: version,
-			NodeGroups: []v1.NodeGroup{{
-				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
-				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
-				Labels:    map[string]string{"cozy.dev/tenant": "acme"},
-			}},
-		},
-	}
-	children, err := tenantcluster.Desired(tc, version, tenantcluster.WorkerImages{
-		Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://" + mirrorAddr,
-	})
-	if err != nil || len(children.Groups) != 1 {
-		t.Fatalf("the operator's children: %v (%d groups)", err, len(children.Groups))
-	}
-	poll.Within(t, time.Minute, time.Second, "the Cluster API kinds established", func() error {
-		var list unstructured.UnstructuredList
-		list.SetAPIVersion("bootstrap.cluster.x-k8s.io/v1beta2")
-		list.SetKind("KubeadmConfigList")
-		return cl.List(ctx, &list, client.InNamespace("tenants"))
-	})
-	userData := workertest.RenderUserData(ctx, t, cl, workertest.Machine{
-		Namespace: "tenants", Cluster: "acme", Name: workerMachine, Version: version,
-		Host: worker.ip, Port: tenantPort, Kubeconfig: adminKubeconfig,
-		BootstrapTemplate: children.Groups[0].BootstrapTemplate,
-	})
-	dir := t.TempDir()
-	vm := workertest.Boot(ctx, t, c.sw, dir, filepath.Join(images, "disk", workerimage.DiskName(version)), workertest.Seed(t, dir, workerMachine, "tenants", userData))
-	t.Cleanup(func() {
-		select {
-		case err := <-vm.Exited:
-			t.Errorf("the worker VM exited before the test ended: %v", err)
-		default:
-		}
-	})
-	return vm
 }
 
 // kamajiObject is a Kamaji object (kamaji.clastix.io/v1alpha1).
