@@ -4,11 +4,8 @@ package talosnode_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -97,35 +94,8 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster, kamaji s
 		"--health-probe-bind-address=0", "--diagnostics-address=0", "--leader-elect=false",
 	}, []string{"KUBECONFIG=" + c.kubeconfig}, exited)
 
-	// Core's webhooks, once its server answers with certDir's certificate.
-	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	webhook := net.JoinHostPort(cp.ip, strconv.Itoa(testenv.CAPIWebhookPort))
-	poll.Within(t, 2*time.Minute, 250*time.Millisecond, "Cluster API core's webhook server", func() error {
-		if err := context.Cause(ctx); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := c.sw.DialContext(ctx, "tcp", webhook)
-		if err != nil {
-			return err
-		}
-		conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: cp.ip})
-		defer conn.Close()
-		return conn.HandshakeContext(ctx)
-	})
-	hooks, err := testenv.CAPIWebhooks(ctx, "https://"+webhook, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range hooks {
-		if err := cl.Create(ctx, h); err != nil {
-			t.Fatalf("register %s: %v", h.GetName(), err)
-		}
-	}
+	// Core's webhooks, once its server answers.
+	testenv.RegisterCAPIWebhooks(ctx, t, cl, c.sw.DialContext, net.JoinHostPort(cp.ip, strconv.Itoa(testenv.CAPIWebhookPort)), certDir)
 }
 
 // managementClient is a client of the cluster's API that knows Cluster

@@ -5,13 +5,10 @@ package tenantcluster
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -293,34 +290,12 @@ func machinesOf(ctx context.Context, c client.Client, md *clusterv1.MachineDeplo
 }
 
 // registerCAPIWebhooks exposes the manager's webhook server on the
-// host's loopback, waits until it answers TLS with the certificate in
-// certDir, and registers Cluster API core's webhook configurations
-// there, failing closed as on a real cluster.
+// host's loopback and registers Cluster API core's webhook
+// configurations there (testenv.RegisterCAPIWebhooks).
 func registerCAPIWebhooks(t *testing.T, ctx context.Context, c client.Client, netns *netnstest.NS, certDir string) {
 	t.Helper()
 	addr := netns.Expose(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.CAPIWebhookPort)))
-	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	poll.Until(t, ctx, 250*time.Millisecond, "the Cluster API webhook server", func() error {
-		conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-		if err != nil {
-			return err
-		}
-		return conn.Close()
-	})
-	configs, err := testenv.CAPIWebhooks(ctx, "https://"+addr, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, obj := range configs {
-		if err := c.Create(ctx, obj); err != nil {
-			t.Fatalf("register %s: %v", obj.GetName(), err)
-		}
-	}
+	testenv.RegisterCAPIWebhooks(ctx, t, c, (&net.Dialer{}).DialContext, addr, certDir)
 }
 
 // fileTail is the last n lines of a file.

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/testing/netnstest"
+	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
 )
 
@@ -116,6 +118,43 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
 		return map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
 	})
+}
+
+// RegisterCAPIWebhooks waits until a core manager's webhook server at
+// addr (HOST:PORT, reached through dial) answers TLS with certDir's
+// certificate for HOST, then registers Cluster API core's webhook
+// configurations there (CAPIWebhooks), failing closed as on a real
+// cluster.
+func RegisterCAPIWebhooks(ctx context.Context, t testing.TB, c client.Client, dial func(ctx context.Context, network, addr string) (net.Conn, error), addr, certDir string) {
+	t.Helper()
+	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	poll.Until(t, ctx, 250*time.Millisecond, "the Cluster API webhook server", func() error {
+		raw, err := dial(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: host})
+		defer conn.Close()
+		return conn.HandshakeContext(ctx)
+	})
+	configs, err := CAPIWebhooks(ctx, "https://"+addr, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range configs {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("register %s: %v", obj.GetName(), err)
+		}
+	}
 }
 
 // moduleWebhooks reads the mutating and validating webhook
