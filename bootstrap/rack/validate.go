@@ -110,9 +110,6 @@ func (r *Rack) validate() []Problem {
 func (r *Rack) validateRegistries() []Problem {
 	var ps []Problem
 	reg := r.Registries
-	isHTTP := func(u *url.URL) bool {
-		return (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
-	}
 	if reg.Mirror != "" {
 		if !imageref.IsMirrorURL(reg.Mirror) {
 			ps = append(ps, errorf("registries.mirror", "%q is not a registry's base URL such as http://10.0.0.1:5000 (http or https, a host, no path: images are under /v2/<upstream host>/...)", reg.Mirror))
@@ -128,13 +125,8 @@ func (r *Rack) validateRegistries() []Problem {
 	for _, host := range hosts {
 		eps := reg.Mirrors[host]
 		path := "registries.mirrors." + host
-		if u, err := url.Parse("//" + host); host != "*" && (host == "" || err != nil || u.Host != host || u.Hostname() == "") {
-			ps = append(ps, errorf(path, "%q is not a registry host such as docker.io or registry.local:5000", host))
-		}
-		if lower := strings.ToLower(host); lower != host {
-			// Hosts are case-insensitive, but Talos and containerd match
-			// them as written: Docker.io would never be used.
-			ps = append(ps, errorf(path, "write the registry host in lower case: %s", lower))
+		for _, p := range imageref.CheckRegistryHost(host) {
+			ps = append(ps, errorf(path, "%s", p))
 		}
 		if covered[host] {
 			ps = append(ps, errorf(path, "%s is already mirrored by registries.mirror (%s); keep one of the two", host, reg.Mirror))
@@ -143,7 +135,7 @@ func (r *Rack) validateRegistries() []Problem {
 			ps = append(ps, errorf(path, "needs at least one mirror endpoint URL"))
 		}
 		for i, ep := range eps {
-			if u, err := url.Parse(ep); err != nil || !isHTTP(u) {
+			if !imageref.IsEndpointURL(ep) {
 				ps = append(ps, errorf(fmt.Sprintf("%s[%d]", path, i), "%q is not an http(s) URL with a host", ep))
 			}
 		}

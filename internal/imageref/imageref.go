@@ -115,6 +115,33 @@ func IsMirrorURL(s string) bool {
 		(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil
 }
 
+// IsEndpointURL says whether s is a mirror endpoint as
+// registries.mirrors takes it: http or https and a host; a path is kept
+// (containerd and Talos add /v2/... after it).
+func IsEndpointURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Hostname() != ""
+}
+
+// CheckRegistryHost says what is wrong with host as a key of
+// registries.mirrors: a registry host such as docker.io or
+// registry.local:5000 in lower case (Talos and containerd match hosts as
+// written, so Docker.io would never be used), or "*" for every other
+// registry. Each problem is one message; none: host is fine.
+func CheckRegistryHost(host string) []string {
+	if host == "*" {
+		return nil
+	}
+	var problems []string
+	if u, err := url.Parse("//" + host); host == "" || err != nil || u.Host != host || u.Hostname() == "" {
+		problems = append(problems, fmt.Sprintf("%q is not a registry host such as docker.io or registry.local:5000", host))
+	}
+	if lower := strings.ToLower(host); lower != host {
+		problems = append(problems, "write the registry host in lower case: "+lower)
+	}
+	return problems
+}
+
 // MirrorEndpoint is the URL containerd pulls host's images from, in the
 // registry at mirrorURL (http(s)://HOST[:PORT]), with overridePath set:
 // it already ends in /v2/HOST, so containerd adds nothing.
