@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -90,6 +91,29 @@ func parse(args []string) (*options, error) {
 	fs.BoolVar(&o.loadBalancer, "load-balancer", true, "Services of type LoadBalancer get an address in this cluster (false: the platform has no load-balancer pool, and TenantClusters exposed so say why they wait)")
 	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
 	fs.StringVar(&o.workerImages.Mirror, "worker-registry-mirror", "", "the rack's registry mirror, http(s)://HOST[:PORT]: workers pull docker.io, ghcr.io, quay.io and registry.k8s.io images through it (HOST/v2/REGISTRY/...); empty: from those registries")
+	fs.Func("worker-registry-mirror-for", "HOST=URL[,URL...]: workers pull HOST's images from these mirror endpoints, in order (the rack's registries.mirrors; HOST * for every other registry; repeatable)", func(s string) error {
+		host, list, ok := strings.Cut(s, "=")
+		if !ok || list == "" {
+			return fmt.Errorf("want HOST=URL[,URL...], got %q", s)
+		}
+		if problems := imageref.CheckRegistryHost(host); len(problems) > 0 {
+			return errors.New(strings.Join(problems, "; "))
+		}
+		if _, dup := o.workerImages.Mirrors[host]; dup {
+			return fmt.Errorf("%s is given twice", host)
+		}
+		endpoints := strings.Split(list, ",")
+		for _, ep := range endpoints {
+			if !imageref.IsEndpointURL(ep) {
+				return fmt.Errorf("%s: %q is not an http(s) URL with a host", host, ep)
+			}
+		}
+		if o.workerImages.Mirrors == nil {
+			o.workerImages.Mirrors = map[string][]string{}
+		}
+		o.workerImages.Mirrors[host] = endpoints
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -106,6 +130,11 @@ func parse(args []string) (*options, error) {
 			return nil, fmt.Errorf("--worker-registry-mirror %q: want http(s)://HOST[:PORT], the registry's base URL", m)
 		}
 		o.workerImages.Mirror = strings.TrimSuffix(m, "/")
+		for _, h := range imageref.MirrorHosts {
+			if _, ok := o.workerImages.Mirrors[h]; ok {
+				return nil, fmt.Errorf("--worker-registry-mirror-for %s: --worker-registry-mirror covers %s already; keep one of the two", h, h)
+			}
+		}
 	}
 	if o.concurrency < 1 {
 		return nil, fmt.Errorf("--concurrency %d: want at least 1", o.concurrency)

@@ -63,7 +63,7 @@ func TestChartArgsParse(t *testing.T) {
 	if !strings.HasPrefix(o.addons.CCMImage, "quay.io/kubevirt/") {
 		t.Errorf("an image not overridden lost its default: %s", o.addons.CCMImage)
 	}
-	if o.workerImages != (tenantcluster.WorkerImages{}) {
+	if !reflect.DeepEqual(o.workerImages, tenantcluster.WorkerImages{}) {
 		t.Errorf("worker images %+v without the chart's workerImage", o.workerImages)
 	}
 	if o.permittedGPUs != nil || !o.loadBalancer {
@@ -71,14 +71,16 @@ func TestChartArgsParse(t *testing.T) {
 	}
 
 	o, err = parse(chartArgs(t, map[string]any{
-		"workerImage":   map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true, "mirror": "http://10.0.0.1:5000"},
+		"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker", "insecure": true, "mirror": "http://10.0.0.1:5000",
+			"mirrors": map[string]any{"harbor.example.com": []any{"https://harbor.example.com/proxy", "http://10.0.0.2:5000"}, "*": []any{"http://10.0.0.3:5000"}}},
 		"permittedGPUs": []any{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"},
 		"loadBalancer":  false,
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://10.0.0.1:5000"}); o.workerImages != want {
+	if want := (tenantcluster.WorkerImages{Repository: "10.0.0.1:5000/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://10.0.0.1:5000",
+		Mirrors: map[string][]string{"harbor.example.com": {"https://harbor.example.com/proxy", "http://10.0.0.2:5000"}, "*": {"http://10.0.0.3:5000"}}}); !reflect.DeepEqual(o.workerImages, want) {
 		t.Errorf("worker images %+v, want %+v", o.workerImages, want)
 	}
 	if want := []string{"nvidia.com/GA102GL_A10", "nvidia.com/AD104GL_L4"}; !reflect.DeepEqual(o.permittedGPUs, want) {
@@ -101,6 +103,13 @@ func TestParseRejects(t *testing.T) {
 		{[]string{"--worker-registry-mirror=10.0.0.1:5000"}, "want http(s)://HOST[:PORT]"},
 		{[]string{"--worker-registry-mirror=http://10.0.0.1:5000/v2/docker.io"}, "want http(s)://HOST[:PORT]"},
 		{[]string{"--worker-registry-mirror=ftp://10.0.0.1"}, "want http(s)://HOST[:PORT]"},
+		{[]string{"--worker-registry-mirror-for=docker.io"}, "want HOST=URL[,URL...]"},
+		{[]string{"--worker-registry-mirror-for=docker.io="}, "want HOST=URL[,URL...]"},
+		{[]string{"--worker-registry-mirror-for=Docker.io=http://10.0.0.1:5000"}, "lower case: docker.io"},
+		{[]string{"--worker-registry-mirror-for=docker.io/library=http://10.0.0.1:5000"}, "not a registry host"},
+		{[]string{"--worker-registry-mirror-for=docker.io=http://10.0.0.1:5000,10.0.0.2:5000"}, `"10.0.0.2:5000" is not an http(s) URL`},
+		{[]string{"--worker-registry-mirror-for=docker.io=http://a:5000", "--worker-registry-mirror-for=docker.io=http://b:5000"}, "docker.io is given twice"},
+		{[]string{"--worker-registry-mirror=http://10.0.0.1:5000", "--worker-registry-mirror-for=quay.io=http://b:5000"}, "--worker-registry-mirror covers quay.io already"},
 		{[]string{"--leader-elect", "extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "not defined"},
 		{[]string{"--worker-image-repository=10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}, "want HOST[:PORT]/PATH without a tag"},

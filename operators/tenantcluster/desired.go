@@ -113,7 +113,7 @@ func DesiredAt(tc *v1.TenantCluster, v Versions, w WorkerImages) (Children, erro
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
 		}
-		bt := desiredBootstrapTemplate(tc, g, w.Mirror)
+		bt := desiredBootstrapTemplate(tc, g, w)
 		md, err := desiredMachineDeployment(tc, g, version, mt.GetName(), bt.GetName())
 		if err != nil {
 			return Children{}, fmt.Errorf("node group %s: %w", g.Name, err)
@@ -409,8 +409,8 @@ func desiredMachineTemplate(tc *v1.TenantCluster, g v1.NodeGroup, version string
 // desiredBootstrapTemplate: the kubeadm join of a worker. The kubelet
 // leaves node initialisation to KubeVirt's cloud-controller-manager
 // (cloud-provider: external) and carries the group's labels and taints;
-// containerd pulls through the rack's mirror, if it has one.
-func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup, mirror string) *unstructured.Unstructured {
+// containerd pulls through the rack's mirrors, if it has any.
+func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup, w WorkerImages) *unstructured.Unstructured {
 	args := []bootstrapv1.Arg{{Name: "cloud-provider", Value: ptr.To("external")}}
 	if len(g.Labels) > 0 {
 		var labels []string
@@ -429,7 +429,7 @@ func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup, mirror strin
 		Template: bootstrapv1.KubeadmConfigTemplateResource{
 			Spec: bootstrapv1.KubeadmConfigSpec{
 				JoinConfiguration: bootstrapv1.JoinConfiguration{NodeRegistration: nr},
-				Files:             mirrorFiles(mirror),
+				Files:             mirrorFiles(w.Mirror, w.Mirrors),
 			},
 		},
 	}
@@ -440,23 +440,39 @@ func desiredBootstrapTemplate(tc *v1.TenantCluster, g v1.NodeGroup, mirror strin
 	return toUnstructured(t, bootstrapv1.GroupVersion.String(), kindKubeadmTemplate)
 }
 
-// mirrorFiles are containerd's hosts.toml, one for each registry the
-// rack's mirror covers, as the Talos nodes' RegistryMirrorConfigs say it
-// (bootstrap/talosconfig): the mirror's path already names the registry
-// (override_path). Without them a worker on a rack without the internet
-// pulls not even its pods' sandbox image. containerd reads
-// /etc/containerd/certs.d at each pull, so writing them after it started
-// is in time.
-func mirrorFiles(mirror string) []bootstrapv1.File {
-	if mirror == "" {
-		return nil
+// mirrorFiles are containerd's hosts.toml, one per registry host the
+// rack mirrors, as its Talos nodes' RegistryMirrorConfigs say it
+// (bootstrap/talosconfig), sorted by host: for each host registries.mirror
+// covers, the mirror's path already naming the registry (override_path);
+// for each of registries.mirrors, its endpoints in order, containerd
+// adding /v2/... ("*" is containerd's _default). Without them a worker on
+// a rack without the internet pulls not even its pods' sandbox image.
+// containerd reads /etc/containerd/certs.d at each pull, so writing them
+// after it started is in time.
+func mirrorFiles(mirror string, mirrors map[string][]string) []bootstrapv1.File {
+	content := map[string]string{}
+	if mirror != "" {
+		for _, h := range imageref.MirrorHosts {
+			content[h] = fmt.Sprintf("# the rack's registries.mirror, written by cozy-operator\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+				imageref.MirrorEndpoint(mirror, h))
+		}
+	}
+	for h, endpoints := range mirrors {
+		var b strings.Builder
+		b.WriteString("# the rack's registries.mirrors, written by cozy-operator\n")
+		for _, ep := range endpoints {
+			fmt.Fprintf(&b, "[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", ep)
+		}
+		if h == "*" {
+			h = "_default"
+		}
+		content[h] = b.String()
 	}
 	var files []bootstrapv1.File
-	for _, h := range imageref.MirrorHosts {
+	for _, h := range slices.Sorted(maps.Keys(content)) {
 		files = append(files, bootstrapv1.File{
 			Path: "/etc/containerd/certs.d/" + h + "/hosts.toml", Owner: "root:root", Permissions: "0644",
-			Content: fmt.Sprintf("# the rack's registries.mirror, written by cozy-operator\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
-				imageref.MirrorEndpoint(mirror, h)),
+			Content: content[h],
 		})
 	}
 	return files

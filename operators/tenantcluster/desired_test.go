@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -301,5 +302,34 @@ func TestDNSServiceIP(t *testing.T) {
 	tc.Spec.Network.ServiceCIDR = "10.95.0.0/25"
 	if _, err := Desired(tc, tc.Spec.Version, testImages); err == nil || !strings.Contains(err.Error(), "network.serviceCIDR") {
 		t.Errorf("Desired with a /25 service range: %v, want an error naming network.serviceCIDR", err)
+	}
+}
+
+// TestMirrorFiles: the workers' containerd gets one hosts.toml per
+// registry host the rack mirrors, sorted: registries.mirror's with
+// override_path (its path names the registry), registries.mirrors' with
+// their endpoints in order ("*" is containerd's _default).
+func TestMirrorFiles(t *testing.T) {
+	files := mirrorFiles("http://10.0.0.1:5000", map[string][]string{
+		"harbor.example.com": {"https://harbor.example.com/proxy", "http://10.0.0.2:5000"},
+		"*":                  {"http://10.0.0.3:5000"},
+	})
+	var got []string
+	for _, f := range files {
+		got = append(got, f.Path+"\n"+f.Content)
+	}
+	want := []string{
+		"/etc/containerd/certs.d/_default/hosts.toml\n# the rack's registries.mirrors, written by cozy-operator\n[host.\"http://10.0.0.3:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+		"/etc/containerd/certs.d/docker.io/hosts.toml\n# the rack's registries.mirror, written by cozy-operator\n[host.\"http://10.0.0.1:5000/v2/docker.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+		"/etc/containerd/certs.d/ghcr.io/hosts.toml\n# the rack's registries.mirror, written by cozy-operator\n[host.\"http://10.0.0.1:5000/v2/ghcr.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+		"/etc/containerd/certs.d/harbor.example.com/hosts.toml\n# the rack's registries.mirrors, written by cozy-operator\n[host.\"https://harbor.example.com/proxy\"]\n  capabilities = [\"pull\", \"resolve\"]\n[host.\"http://10.0.0.2:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+		"/etc/containerd/certs.d/quay.io/hosts.toml\n# the rack's registries.mirror, written by cozy-operator\n[host.\"http://10.0.0.1:5000/v2/quay.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+		"/etc/containerd/certs.d/registry.k8s.io/hosts.toml\n# the rack's registries.mirror, written by cozy-operator\n[host.\"http://10.0.0.1:5000/v2/registry.k8s.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("hosts.toml files:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if files := mirrorFiles("", nil); files != nil {
+		t.Errorf("without mirrors: %v, want no files", files)
 	}
 }

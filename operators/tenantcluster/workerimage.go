@@ -36,6 +36,11 @@ type WorkerImages struct {
 	// ghcr.io, quay.io and registry.k8s.io through it, as the rack's
 	// Talos nodes do. Empty: from the registries themselves.
 	Mirror string
+	// Mirrors are the rack's registries.mirrors: a registry host (or "*"
+	// for every other one) and the endpoints its images are pulled from,
+	// in order, as the rack's Talos nodes pull them. No host is in both
+	// Mirror's and Mirrors.
+	Mirrors map[string][]string
 	// Transport carries the operator's checks (nil: http.DefaultTransport).
 	Transport http.RoundTripper
 }

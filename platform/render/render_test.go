@@ -325,6 +325,33 @@ func TestWorkerImageFromMirror(t *testing.T) {
 	}
 }
 
+// The rack's registries.mirrors reach cozy-operator too, host by host,
+// endpoints in order, with or without registries.mirror; the worker
+// image repository stays unset without the single mirror.
+func TestWorkerMirrorsFromRack(t *testing.T) {
+	r := exampleRack(t, "prod", "# registries:\n#   mirror: http://192.168.100.1:5000",
+		"registries:\n  mirrors:\n    harbor.example.com:\n      - https://harbor.example.com/proxy\n      - http://10.0.0.2:5000\n    \"*\":\n      - http://10.0.0.3:5000")
+	objs, err := mustRender(t, r).Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "HelmRelease" || o.GetName() != "cozy-operator" {
+			continue
+		}
+		wi, _, _ := unstructured.NestedMap(o.Object, "spec", "values", "workerImage")
+		want := map[string]any{
+			"repository": "", "insecure": false,
+			"mirrors": map[string]any{"harbor.example.com": []any{"https://harbor.example.com/proxy", "http://10.0.0.2:5000"}, "*": []any{"http://10.0.0.3:5000"}},
+		}
+		if !reflect.DeepEqual(wi, want) {
+			t.Errorf("cozy-operator workerImage %v, want %v", wi, want)
+		}
+		return
+	}
+	t.Fatal("no cozy-operator HelmRelease")
+}
+
 // cozy-operator hears whether LoadBalancer Services get addresses: only
 // with a load-balancer pool and MetalLB's pool component on.
 func TestOperatorLoadBalancer(t *testing.T) {

@@ -69,6 +69,8 @@ func TestPlatformSchemaRejects(t *testing.T) {
 		{"worker image with a tag", with("cozyOperator.workerImage", map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}), []string{"/cozyOperator/workerImage/repository"}},
 		{"worker image without a host", with("cozyOperator.workerImage", map[string]any{"repository": "tenant-worker"}), []string{"/cozyOperator/workerImage/repository"}},
 		{"worker mirror without a scheme", with("cozyOperator.workerImage", map[string]any{"mirror": "10.0.0.1:5000"}), []string{"/cozyOperator/workerImage/mirror"}},
+		{"worker mirrors for an upper-case host", with("cozyOperator.workerImage", map[string]any{"mirrors": map[string]any{"Docker.io": []any{"http://10.0.0.1:5000"}}}), []string{"/cozyOperator/workerImage/mirrors", "additional properties 'Docker.io' not allowed"}},
+		{"worker mirrors without endpoints", with("cozyOperator.workerImage", map[string]any{"mirrors": map[string]any{"docker.io": []any{}}}), []string{"/cozyOperator/workerImage/mirrors/docker.io", "minItems"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.RenderValues(tc.values, "")
@@ -109,6 +111,8 @@ func TestOperatorSchemaRejects(t *testing.T) {
 		{"worker image with a tag", map[string]any{"workerImage": map[string]any{"repository": "10.0.0.1:5000/cozy.dev/tenant-worker:v1.36.3"}}, []string{"/workerImage/repository"}},
 		{"worker image insecure not a boolean", map[string]any{"workerImage": map[string]any{"insecure": "yes"}}, []string{"/workerImage/insecure"}},
 		{"worker mirror with a path", map[string]any{"workerImage": map[string]any{"mirror": "http://10.0.0.1:5000/v2/docker.io"}}, []string{"/workerImage/mirror"}},
+		{"worker mirrors endpoint without a scheme", map[string]any{"workerImage": map[string]any{"mirrors": map[string]any{"docker.io": []any{"10.0.0.1:5000"}}}}, []string{"/workerImage/mirrors/docker.io/0"}},
+		{"worker mirrors for a path", map[string]any{"workerImage": map[string]any{"mirrors": map[string]any{"docker.io/library": []any{"http://10.0.0.1:5000"}}}}, []string{"/workerImage/mirrors"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render.Chart(c, tc.values, "cozy-operator", "cozy-system", "")

@@ -88,16 +88,30 @@ func Values(r *rack.Rack) (map[string]any, error) {
 		}
 		generated["components"] = comps
 	}
+	workerImage := map[string]any{}
 	if r.Registries.Mirror != "" {
 		// Validated by the rack: http(s)://HOST[:PORT].
 		u, err := url.Parse(r.Registries.Mirror)
 		if err != nil {
 			return nil, fmt.Errorf("registries.mirror: %w", err)
 		}
-		generated["cozyOperator"] = map[string]any{"workerImage": map[string]any{
-			"repository": u.Host + "/" + imageref.WorkerImage, "insecure": u.Scheme == "http",
-			"mirror": strings.TrimSuffix(r.Registries.Mirror, "/"),
-		}}
+		workerImage["repository"] = u.Host + "/" + imageref.WorkerImage
+		workerImage["insecure"] = u.Scheme == "http"
+		workerImage["mirror"] = strings.TrimSuffix(r.Registries.Mirror, "/")
+	}
+	if len(r.Registries.Mirrors) > 0 {
+		mirrors := map[string]any{}
+		for host, endpoints := range r.Registries.Mirrors {
+			eps := make([]any, len(endpoints))
+			for i, ep := range endpoints {
+				eps[i] = ep
+			}
+			mirrors[host] = eps
+		}
+		workerImage["mirrors"] = mirrors
+	}
+	if len(workerImage) > 0 {
+		generated["cozyOperator"] = map[string]any{"workerImage": workerImage}
 	}
 	if r.Platform.Mirror != "" {
 		m, err := rack.ParseChartMirror(r.Platform.Mirror)
