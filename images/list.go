@@ -216,6 +216,9 @@ func (b *builder) platform(r *rack.Rack) error {
 		}
 		var k struct {
 			Resources []string `json:"resources"`
+			Images    []struct {
+				Name, NewName, NewTag string
+			} `json:"images"`
 		}
 		if err := yaml.Unmarshal(l.Files[p], &k); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
@@ -224,6 +227,13 @@ func (b *builder) platform(r *rack.Rack) error {
 		for _, res := range k.Resources {
 			if strings.HasPrefix(res, "https://") || strings.HasPrefix(res, "http://") {
 				b.notListed = append(b.notListed, fmt.Sprintf("platform %s: %s", component, res))
+			}
+		}
+		// An image the component pins by name and tag is one it runs,
+		// whatever else its remote manifests name.
+		for _, im := range k.Images {
+			if im.NewTag != "" {
+				b.add(cmp.Or(im.NewName, im.Name)+":"+im.NewTag, fmt.Sprintf("platform: %s (kustomize images)", component))
 			}
 		}
 	}

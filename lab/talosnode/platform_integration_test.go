@@ -83,7 +83,7 @@ func TestPlatformRunsOnNodes(t *testing.T) {
 	r.Platform.LoadBalancerPool = []string{lbFirst + "-" + clusterSubnet + ".209"}
 	r.Platform.Components = map[string]rack.Component{}
 	off := false
-	for _, name := range []string{"networking", "cert-manager", "linstor", "kubevirt", "cdi", "kamaji", "cluster-api",
+	for _, name := range []string{"networking", "cert-manager", "linstor", "kubevirt", "cdi", "snapshot-controller", "kamaji", "cluster-api",
 		"cluster-api-providers", "cozy-operator", "tenant-addons"} {
 		r.Platform.Components[name] = rack.Component{Enabled: &off}
 	}

@@ -269,6 +269,9 @@ func TestDependsOnGraph(t *testing.T) {
 
 var exactVersion = regexp.MustCompile(`^v?[0-9]+\.[0-9]+\.[0-9]+$`)
 
+// pinnedRaw is a file of a GitHub repository at a release tag.
+var pinnedRaw = regexp.MustCompile(`^https://raw\.githubusercontent\.com/[^/]+/[^/]+/v[0-9]+\.[0-9]+\.[0-9]+/`)
+
 // TestComponentsAreComplete checks what makes Ready mean ready and keeps
 // installs reproducible: every component waits for what it applied and
 // has a timeout, every release has remediation and a pinned chart, every
@@ -301,8 +304,8 @@ func TestComponentsAreComplete(t *testing.T) {
 				for _, r := range res {
 					switch {
 					case strings.HasPrefix(r, "https://"):
-						if !strings.Contains(r, "/releases/download/v") {
-							t.Errorf("%s: remote resource %s is not a pinned release asset", kfile, r)
+						if !strings.Contains(r, "/releases/download/v") && !pinnedRaw.MatchString(r) {
+							t.Errorf("%s: remote resource %s is neither a pinned release asset nor a file at a release tag", kfile, r)
 						}
 						if !strings.Contains(string(data), "kustomize.toolkit.fluxcd.io/prune: disabled") {
 							t.Errorf("%s: Flux would prune the CRDs of %s with the component", kfile, r)

@@ -1,6 +1,7 @@
 package render_test
 
 import (
+	"fmt"
 	"path"
 	"strings"
 	"testing"
@@ -15,7 +16,8 @@ import (
 // TestKustomizeBuilds runs kustomize (the library kustomize-controller
 // builds with) on the cluster folder and every component folder, as Flux
 // will. Remote release manifests cannot be fetched here, so each is
-// replaced by a stand-in CRD, which must come out unprunable.
+// replaced by a stand-in CRD, which must come out unprunable
+// (snapshot_integration_test.go builds one component with the real files).
 func TestKustomizeBuilds(t *testing.T) {
 	for name, l := range layouts(t) {
 		t.Run(name, func(t *testing.T) {
@@ -25,9 +27,12 @@ func TestKustomizeBuilds(t *testing.T) {
 				data := l.Files[p]
 				if path.Base(p) == "kustomization.yaml" {
 					dirs = append(dirs, path.Dir(p))
-					data = withoutRemote(t, p, data)
-					if err := fs.WriteFile("/"+path.Join(path.Dir(p), "standin-crd.yaml"), []byte(standinCRD)); err != nil {
-						t.Fatal(err)
+					var standins map[string]string
+					data, standins = withoutRemote(t, p, data)
+					for name, crd := range standins {
+						if err := fs.WriteFile("/"+path.Join(path.Dir(p), name), []byte(crd)); err != nil {
+							t.Fatal(err)
+						}
 					}
 				}
 				if err := fs.WriteFile("/"+p, data); err != nil {
@@ -63,20 +68,23 @@ func TestKustomizeBuilds(t *testing.T) {
 	}
 }
 
-const standinCRD = `apiVersion: apiextensions.k8s.io/v1
+// standinCRD is the stand-in for remote resource i of a kustomization.
+func standinCRD(i int) string {
+	return fmt.Sprintf(`apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: standins.example.com
+  name: standin%[1]ds.example.com
 spec:
   group: example.com
-  names: {kind: Standin, plural: standins}
+  names: {kind: Standin%[1]d, plural: standin%[1]ds}
   scope: Namespaced
   versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}]
-`
+`, i)
+}
 
 // withoutRemote replaces the https:// resources of a kustomization.yaml
-// with standin-crd.yaml.
-func withoutRemote(t *testing.T, file string, data []byte) []byte {
+// with stand-in CRDs, one each, and returns those by file name.
+func withoutRemote(t *testing.T, file string, data []byte) ([]byte, map[string]string) {
 	t.Helper()
 	var k map[string]any
 	if err := yaml.Unmarshal(data, &k); err != nil {
@@ -84,9 +92,12 @@ func withoutRemote(t *testing.T, file string, data []byte) []byte {
 	}
 	res, _ := k["resources"].([]any)
 	var kept []any
+	standins := map[string]string{}
 	for _, r := range res {
 		if s, _ := r.(string); strings.HasPrefix(s, "https://") {
-			r = "standin-crd.yaml"
+			i := len(standins)
+			r = fmt.Sprintf("standin-crd-%d.yaml", i)
+			standins[r.(string)] = standinCRD(i)
 		}
 		kept = append(kept, r)
 	}
@@ -95,5 +106,5 @@ func withoutRemote(t *testing.T, file string, data []byte) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return out, standins
 }

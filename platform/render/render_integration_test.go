@@ -32,6 +32,7 @@ var installedByPlatform = map[string]string{
 	"operator.cluster.x-k8s.io/v1alpha2 BootstrapProvider":      "cluster-api",
 	"operator.cluster.x-k8s.io/v1alpha2 ControlPlaneProvider":   "cluster-api",
 	"operator.cluster.x-k8s.io/v1alpha2 InfrastructureProvider": "cluster-api",
+	"snapshot.storage.k8s.io/v1 VolumeSnapshotClass":            "snapshot-controller",
 }
 
 // installCRDs installs the CRDs of sources and waits until they are

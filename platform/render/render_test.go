@@ -463,7 +463,7 @@ func TestComponentSwitch(t *testing.T) {
 					t.Errorf("%s says %s is %q", render.ComponentsConfigMap, n, data[n])
 				}
 			}
-			if data["networking"] != "on" || len(data) != 12 {
+			if data["networking"] != "on" || len(data) != 13 {
 				t.Errorf("%s: %v", render.ComponentsConfigMap, data)
 			}
 		}
@@ -478,8 +478,14 @@ func TestComponentSwitch(t *testing.T) {
 			}
 		}
 	}
-	if !slices.Contains(kustomizations, "kubevirt") || len(kustomizations) != 7 {
-		t.Errorf("Kustomizations %v, want the 7 left on", kustomizations)
+	if !slices.Contains(kustomizations, "kubevirt") || len(kustomizations) != 8 {
+		t.Errorf("Kustomizations %v, want the 8 left on", kustomizations)
+	}
+	// Snapshots stay, without a VolumeSnapshotClass for LINSTOR's driver.
+	for _, o := range objs {
+		if o.GetKind() == "VolumeSnapshotClass" {
+			t.Errorf("%s: VolumeSnapshotClass %s rendered with linstor off", o.File, o.GetName())
+		}
 	}
 
 	for _, tt := range []struct {
@@ -529,7 +535,7 @@ func TestNetworkingSwitch(t *testing.T) {
 			}
 		}
 	}
-	if slices.Contains(on, "networking") || !slices.Contains(on, "cert-manager") || len(on) != 11 {
+	if slices.Contains(on, "networking") || !slices.Contains(on, "cert-manager") || len(on) != 12 {
 		t.Errorf("Kustomizations %v, want every component but networking", on)
 	}
 	// On, networking stays a dependency on a flannel cluster: the

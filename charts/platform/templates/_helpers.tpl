@@ -180,13 +180,21 @@ VM and disk the operator manages.
 */}}
 {{- define "platform.keepCRDs" -}}
 patches:
-  - target:
-      kind: CustomResourceDefinition
-    patch: |
-      apiVersion: apiextensions.k8s.io/v1
-      kind: CustomResourceDefinition
-      metadata:
-        name: any
-        annotations:
-          kustomize.toolkit.fluxcd.io/prune: disabled
+  {{- include "platform.keepCRDsPatch" . | nindent 2 }}
+{{- end }}
+
+{{/*
+platform.keepCRDsPatch: platform.keepCRDs' patch alone, an item of a
+patches list that has others.
+*/}}
+{{- define "platform.keepCRDsPatch" -}}
+- target:
+    kind: CustomResourceDefinition
+  patch: |
+    apiVersion: apiextensions.k8s.io/v1
+    kind: CustomResourceDefinition
+    metadata:
+      name: any
+      annotations:
+        kustomize.toolkit.fluxcd.io/prune: disabled
 {{- end }}

@@ -60,7 +60,8 @@ func UpstreamCRDs() []CRDSource {
 }
 
 // PlatformCRDs returns the CRD sources of the kinds the platform's own
-// components install (MetalLB, the Cluster API operator, KubeVirt, CDI),
+// components install (MetalLB, the Cluster API operator, KubeVirt, CDI,
+// the CSI snapshot API),
 // at the versions charts/platform/values.yaml pins
 // (TestPlatformCRDsMatchThePins keeps the two together).
 func PlatformCRDs() []CRDSource {
@@ -69,8 +70,14 @@ func PlatformCRDs() []CRDSource {
 		{"sigs.k8s.io/cluster-api-operator", "v0.29.0", "config/crd"},
 		{"kubevirt.io/kubevirt", "v1.9.0", "manifests/generated/kv-resource.yaml"},
 		{"kubevirt.io/containerized-data-importer", "v1.64.0", "pkg/operator/resources/crds_generated.go"},
+		{SnapshotterClientModule, "v8.6.0", "config/crd"},
 	}
 }
+
+// SnapshotterClientModule is external-snapshotter's API module: the
+// snapshot CRDs the platform's snapshot-controller component installs
+// (its client/config/crd, at the same tag).
+const SnapshotterClientModule = "github.com/kubernetes-csi/external-snapshotter/client/v8"
 
 // noSumDB lists the modules whose checksums the checksum database, as
 // reached from here, does not serve (it answers 404); they are fetched

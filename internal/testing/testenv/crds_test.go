@@ -189,6 +189,7 @@ func TestPlatformCRDs(t *testing.T) {
 		"coreproviders.operator.cluster.x-k8s.io", "bootstrapproviders.operator.cluster.x-k8s.io",
 		"controlplaneproviders.operator.cluster.x-k8s.io", "infrastructureproviders.operator.cluster.x-k8s.io",
 		"kubevirts.kubevirt.io", "cdis.cdi.kubevirt.io",
+		"volumesnapshotclasses.snapshot.storage.k8s.io", "volumesnapshots.snapshot.storage.k8s.io",
 	} {
 		if !names[want] {
 			t.Errorf("no CRD %s among the %d loaded", want, len(crds))
@@ -214,6 +215,7 @@ func TestPlatformCRDsMatchThePins(t *testing.T) {
 		"sigs.k8s.io/cluster-api-operator":        values.Versions["clusterAPIOperator"],
 		"kubevirt.io/kubevirt":                    values.Versions["kubevirt"],
 		"kubevirt.io/containerized-data-importer": values.Versions["cdi"],
+		SnapshotterClientModule:                   values.Versions["snapshotController"],
 	}
 	for _, src := range PlatformCRDs() {
 		if pin := pins[src.Module]; strings.TrimPrefix(src.Version, "v") != strings.TrimPrefix(pin, "v") {
