@@ -71,7 +71,7 @@ capi: ## Build (once, cached) the Cluster API core and kubeadm bootstrap manager
 	hack/capi-controllers.sh >/dev/null
 
 .PHONY: kamaji
-kamaji: ## Build (once, cached) Kamaji v1.0.0, the Kamaji control-plane provider ported to it, its DataStore's etcd and the images it and its tenants' control planes (Kubernetes v1.30.2) run, for make e2e
+kamaji: ## Build (once, cached) Kamaji v1.0.0, the Kamaji control-plane provider ported to it, its DataStore's etcd, and the images of those, of Cluster API's managers and of its tenants' control planes (Kubernetes v1.30.2), for make e2e and make bench
 	hack/kamaji.sh >/dev/null
 
 .PHONY: unit

@@ -3,9 +3,6 @@
 # tenant control planes run, and prints a directory holding
 #
 #   etcd      etcd v3.6.10 for its DataStore (hack/envtest-assets.sh's)
-#   kamaji-control-plane-provider
-#             the Kamaji control-plane provider for Cluster API v0.20.0,
-#             built against Kamaji v1.0.0 (below)
 #   images/   an OCI image layout (as hack/platform-images.sh writes) for
 #             `cozyctl images mirror --from`:
 #               docker.io/clastix/kamaji:v1.0.0 (the manager, with three
@@ -13,6 +10,11 @@
 #               registry.k8s.io/kube-apiserver:v1.30.2
 #               registry.k8s.io/kube-controller-manager:v1.30.2
 #               registry.k8s.io/kube-scheduler:v1.30.2
+#               registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2
+#               registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:v1.14.2
+#                 (hack/capi-controllers.sh's managers)
+#               docker.io/clastix/cluster-api-control-plane-provider-kamaji:v0.20.0
+#                 (the provider below)
 #
 #   hack/kamaji.sh
 #
@@ -47,6 +49,7 @@ set -euo pipefail
 version=v1.0.0
 module=github.com/clastix/kamaji
 provider_version=v0.20.0
+capi_version=v1.14.2 # hack/capi-controllers.sh's, checked below
 provider_module=github.com/clastix/cluster-api-control-plane-provider-kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
 etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
@@ -67,17 +70,19 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
-	cat hack/kamaji.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
+	cat hack/kamaji.sh hack/capi-controllers.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-out="$cache_root/kamaji/${version}_provider-${provider_version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
-if [[ -x $out/etcd && -x $out/kamaji-control-plane-provider && -f $out/images/index.json ]]; then
+out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+if [[ -x $out/etcd && -f $out/images/index.json ]]; then
 	echo "$out"
 	exit 0
 fi
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 kube="$("$repo/hack/envtest-assets.sh" "$k8s_version" "$etcd_version")"
+capi="$("$repo/hack/capi-controllers.sh")"
+[[ $(basename "$capi") == "$capi_version" ]] || die "hack/capi-controllers.sh builds $(basename "$capi"), not $capi_version: update capi_version"
 mkdir -p "$cache_root/kamaji"
 work="$(mktemp -d "$cache_root/kamaji/.build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -169,9 +174,9 @@ log "packing the images"
 (cd "$repo" && GOFLAGS= go build -o "$work/kamajiimages" ./hack/kamajiimages)
 mkdir -p "$work/out"
 "$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
-	-kubernetes "$kube" -kubernetes-version "$k8s_version"
+	-kubernetes "$kube" -kubernetes-version "$k8s_version" \
+	-capi "$capi" -capi-version "$capi_version" -provider "$work/provider.bin" -provider-tag "$provider_version"
 install -m 0755 "$kube/etcd" "$work/out/etcd"
-install -m 0755 "$work/provider.bin" "$work/out/kamaji-control-plane-provider"
 chmod 0755 "$work/out" "$work/out/images"
 mv -T "$work/out" "$out" 2>/dev/null || [[ -f "$out/images/index.json" ]] || die "cannot move the build to $out"
 echo "$out"

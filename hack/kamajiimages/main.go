@@ -1,9 +1,11 @@
-// Command kamajiimages packs Kamaji's image and the images of the
-// tenant control planes it runs (kube-apiserver, kube-controller-manager
-// and kube-scheduler of the Kubernetes version Kamaji supports) into one
-// OCI image layout, each under its exact upstream name and tag, for the
-// registry mirror the management cluster pulls from. hack/kamaji.sh
-// builds the binaries, fetches Debian's ca-certificates and runs it.
+// Command kamajiimages packs Kamaji's image, the images of the tenant
+// control planes it runs (kube-apiserver, kube-controller-manager and
+// kube-scheduler of the Kubernetes version Kamaji supports) and those of
+// the Cluster API managers that drive it (core, kubeadm bootstrap, the
+// Kamaji control-plane provider) into one OCI image layout, each under
+// its exact upstream name and tag, for the registry mirror the
+// management cluster pulls from. hack/kamaji.sh builds the binaries,
+// fetches Debian's ca-certificates and runs it.
 package main
 
 import (
@@ -29,6 +31,8 @@ type inputs struct {
 	out, debs         string
 	kamaji, kamajiTag string
 	kubeDir, kubeTag  string
+	capiDir, capiTag  string
+	provider, provTag string
 }
 
 // controlPlane are the binaries of a tenant control plane, each in its
@@ -43,9 +47,14 @@ func run() error {
 	flag.StringVar(&in.kamajiTag, "kamaji-tag", "", "Kamaji's version (v1.0.0)")
 	flag.StringVar(&in.kubeDir, "kubernetes", "", "directory of static "+fmt.Sprint(controlPlane)+" binaries")
 	flag.StringVar(&in.kubeTag, "kubernetes-version", "", "their version (v1.30.2)")
+	flag.StringVar(&in.capiDir, "capi", "", "directory of hack/capi-controllers.sh's cluster-api-manager and kubeadm-bootstrap-manager")
+	flag.StringVar(&in.capiTag, "capi-version", "", "their version (v1.14.2)")
+	flag.StringVar(&in.provider, "provider", "", "static Kamaji control-plane provider binary")
+	flag.StringVar(&in.provTag, "provider-tag", "", "its version (v0.20.0)")
 	flag.Parse()
 	for name, v := range map[string]string{"-o": in.out, "-debs": in.debs, "-kamaji": in.kamaji, "-kamaji-tag": in.kamajiTag,
-		"-kubernetes": in.kubeDir, "-kubernetes-version": in.kubeTag} {
+		"-kubernetes": in.kubeDir, "-kubernetes-version": in.kubeTag, "-capi": in.capiDir, "-capi-version": in.capiTag,
+		"-provider": in.provider, "-provider-tag": in.provTag} {
 		if v == "" {
 			flag.Usage()
 			return fmt.Errorf("%s is required", name)
@@ -97,6 +106,21 @@ func kamajiImages(in inputs) ([]ociimage.Image, error) {
 		im, err := image("registry.k8s.io/"+name+":"+in.kubeTag, in.kubeTag, "k8s.io/kubernetes@"+in.kubeTag+" cmd/"+name,
 			ocispec.ImageConfig{Entrypoint: []string{"/usr/local/bin/" + name}},
 			ociimage.File{Path: "/usr/local/bin/" + name, Mode: 0o755, Source: filepath.Join(in.kubeDir, name)})
+		if err != nil {
+			return nil, err
+		}
+		images = append(images, im)
+	}
+	// Cluster API's Dockerfile, and the Kamaji provider's: distroless
+	// static, /manager as the entrypoint, USER 65532; named as their
+	// releases publish them.
+	for _, m := range []struct{ ref, version, source, bin string }{
+		{"registry.k8s.io/cluster-api/cluster-api-controller:" + in.capiTag, in.capiTag, "sigs.k8s.io/cluster-api@" + in.capiTag + " core", filepath.Join(in.capiDir, "cluster-api-manager")},
+		{"registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:" + in.capiTag, in.capiTag, "sigs.k8s.io/cluster-api@" + in.capiTag + " bootstrap/kubeadm", filepath.Join(in.capiDir, "kubeadm-bootstrap-manager")},
+		{"docker.io/clastix/cluster-api-control-plane-provider-kamaji:" + in.provTag, in.provTag, "github.com/clastix/cluster-api-control-plane-provider-kamaji@" + in.provTag + " (ported to Kamaji " + in.kamajiTag + ")", in.provider},
+	} {
+		im, err := image(m.ref, m.version, m.source, ocispec.ImageConfig{User: "65532:65532", WorkingDir: "/", Entrypoint: []string{"/manager"}},
+			ociimage.File{Path: "/manager", Mode: 0o755, Source: m.bin})
 		if err != nil {
 			return nil, err
 		}

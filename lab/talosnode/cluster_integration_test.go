@@ -211,7 +211,9 @@ machines:
 			"--server", "https://" + n.kubeAPI, "--request-timeout", "20s"}, args...)...)
 	}
 	c.kubectlVia = func(n *clusterNode, args ...string) (string, error) {
-		cmd := c.kubectlCmd(ctx, n, args...)
+		// Not ended with ctx: the failure dumps run in cleanups, after
+		// the test's context is done; --request-timeout bounds each call.
+		cmd := c.kubectlCmd(context.WithoutCancel(ctx), n, args...)
 		var out, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &stderr
 		if err := cmd.Run(); err != nil {

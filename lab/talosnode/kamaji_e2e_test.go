@@ -25,9 +25,7 @@ import (
 
 	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -214,9 +212,7 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	t.Logf("refused: %v", refused)
 
 	// Cluster API and the Kamaji control-plane provider run beside Kamaji.
-	ctx, managerExited := context.WithCancelCause(ctx)
-	defer managerExited(nil)
-	startClusterAPI(ctx, t, c, kamaji, managerExited)
+	startClusterAPI(ctx, t, c)
 	mgmt := managementClient(t, c)
 
 	// The tenant: cozy-operator's children for a TenantCluster acme with
@@ -256,9 +252,6 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	// by anyone): what a user waits for, whatever Kamaji's status says yet.
 	var apiHost string
 	poll.Within(t, 5*time.Minute, time.Second, "the tenant's Service", func() error {
-		if err := context.Cause(ctx); err != nil {
-			t.Fatal(err)
-		}
 		var svc corev1.Service
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: "acme"}, &svc); err != nil {
 			return err
@@ -635,63 +628,23 @@ func deployKamaji(ctx context.Context, t *testing.T, c *procCluster, cl client.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	certDir := testenv.WebhookCertDir(t, service+"."+ns+".svc")
-	certs := map[string][]byte{}
-	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
-		if certs[f], err = os.ReadFile(filepath.Join(certDir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	labels := map[string]string{"app.kubernetes.io/name": name}
-	nonRoot := int64(65532)
-	objs := []client.Object{
+	certs := webhookCerts(t, service+"."+ns+".svc")
+	objs := append([]client.Object{
 		role,
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
-		},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-webhook-server-cert", Namespace: ns}, Data: certs},
 		&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: ns},
-			Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name}, Ports: []corev1.ServicePort{{
 				Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.KamajiWebhookPort)}}},
 		},
-		&appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: appsv1.DeploymentSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec: corev1.PodSpec{
-						ServiceAccountName: name,
-						SecurityContext:    &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: &nonRoot},
-						Containers: []corev1.Container{{
-							Name: "manager", Image: testenv.KamajiImage,
-							Args: []string{"manager",
-								"--datastore=default", "--disable-telemetry", "--leader-elect=false",
-								"--health-probe-bind-address=:8081", "--metrics-bind-address=0",
-								"--tmp-directory=/tmp/kamaji", "--webhook-ca-path=/tmp/k8s-webhook-server/serving-certs/ca.crt",
-								"--pod-namespace=" + ns, "--serviceaccount-name=" + name, "--webhook-service-name=" + service,
-								"--migrate-image=" + testenv.KamajiImage},
-							Ports: []corev1.ContainerPort{{Name: "webhook", ContainerPort: testenv.KamajiWebhookPort}},
-							ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-								HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8081)}}},
-							VolumeMounts: []corev1.VolumeMount{
-								{Name: "certs", MountPath: "/tmp/k8s-webhook-server/serving-certs", ReadOnly: true},
-								{Name: "tmp", MountPath: "/tmp/kamaji"},
-							},
-						}},
-						Volumes: []corev1.Volume{
-							{Name: "certs", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: name + "-webhook-server-cert"}}},
-							{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-						},
-					},
-				},
-			},
-		},
-	}
+	}, manager{namespace: ns, account: name, role: name, image: testenv.KamajiImage,
+		args: []string{"manager",
+			"--datastore=default", "--disable-telemetry", "--leader-elect=false",
+			"--health-probe-bind-address=:8081", "--metrics-bind-address=0",
+			"--tmp-directory=/tmp/kamaji", "--webhook-ca-path=/tmp/k8s-webhook-server/serving-certs/ca.crt",
+			"--pod-namespace=" + ns, "--serviceaccount-name=" + name, "--webhook-service-name=" + service,
+			"--migrate-image=" + testenv.KamajiImage},
+		health: 8081, webhookPort: testenv.KamajiWebhookPort, certSecret: name + "-webhook-server-cert", scratch: "/tmp/kamaji"}.objects()...)
 	for _, o := range objs {
 		if err := cl.Create(ctx, o); err != nil {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)

@@ -5,18 +5,23 @@ package talosnode_test
 import (
 	"context"
 	"fmt"
-	"net"
+	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/testing/poll"
@@ -24,25 +29,35 @@ import (
 	"cozy.dev/cozy/internal/testing/workertest"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/operators/tenantcluster"
+	"cozy.dev/cozy/platform/render"
 	"cozy.dev/cozy/tenant/workerimage"
 )
 
-// bootstrapWebhookPort is where the kubeadm bootstrap manager serves its
-// webhooks: beside core's (testenv.CAPIWebhookPort) in the same
-// namespace. Its webhook configurations are not registered.
-const bootstrapWebhookPort = 9444
+// The images of Cluster API's managers, as hack/kamaji.sh packs them
+// under their releases' names.
+const (
+	capiCoreImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
+	capiBootstrapImage = "registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:v1.14.2"
+	kamajiCPImage      = "docker.io/clastix/cluster-api-control-plane-provider-kamaji:v0.20.0"
+)
 
 // startClusterAPI runs what turns cozy-operator's children into a
 // tenant: Cluster API's core and kubeadm bootstrap managers
 // (hack/capi-controllers.sh) and the Kamaji control-plane provider
-// (hack/kamaji.sh's port of v0.20.0 to Kamaji v1.0.0), as processes in
-// the control plane node's network namespace, where hostNetwork pods of
-// theirs would run: they reach the management API, and tenants' ClusterIP
-// Services through the node's kube-proxy. Their CRDs and CAPK's (whose
-// KubevirtCluster the Kamaji provider marks provisioned; CAPK itself does
-// not run: no KubeVirt here) come from their modules; core's webhooks
-// are registered, failing closed. If a manager exits, exited is called with why.
-func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster, kamaji string, exited context.CancelCauseFunc) {
+// (hack/kamaji.sh's port of v0.20.0 to Kamaji v1.0.0), as the platform
+// runs them: a Deployment each of the images hack/kamaji.sh packs, pulled
+// from the mirror, in the namespace the platform gives it, its release's
+// ServiceAccount bound to the ClusterRole its module declares
+// (config/rbac), plus the RBAC the platform renders for them; leader
+// election off (one replica). Core's webhooks are served behind the
+// Service capi-webhook-service, with a throwaway CA's certificate in
+// place of cert-manager's, and registered failing closed; the other
+// managers' servers (which cannot be turned off) get the same
+// certificate, their webhooks not registered. Their CRDs and CAPK's
+// (whose KubevirtCluster the Kamaji provider marks provisioned; CAPK
+// itself does not run: no KubeVirt here) come from their modules. It
+// returns once all three are ready.
+func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 	t.Helper()
 	var sources []testenv.CRDSource
 	for _, src := range testenv.UpstreamCRDs() {
@@ -79,23 +94,184 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster, kamaji s
 		return nil
 	})
 
-	cp := c.nodes[0]
-	certDir := testenv.WebhookCertDir(t, cp.ip)
-	testenv.StartCAPIManager(t, cp.ns, testenv.CAPIManager(t), c.kubeconfig, certDir, exited)
-	testenv.StartProcess(t, cp.ns, testenv.KubeadmBootstrapManager(t), []string{
-		"--kubeconfig=" + c.kubeconfig,
-		"--webhook-cert-dir=" + certDir,
-		"--webhook-port=" + strconv.Itoa(bootstrapWebhookPort),
-		"--health-addr=0", "--diagnostics-address=0", "--leader-elect=false",
-	}, nil, exited)
-	// Its manager reads no --kubeconfig flag (controller-runtime's
-	// KUBECONFIG instead); it registers no webhooks.
-	testenv.StartProcess(t, cp.ns, filepath.Join(kamaji, testenv.KamajiProviderBinary), []string{
-		"--health-probe-bind-address=0", "--diagnostics-address=0", "--leader-elect=false",
-	}, []string{"KUBECONFIG=" + c.kubeconfig}, exited)
+	// Each manager in the namespace the platform's Cluster API operator
+	// installs it in (charts/platform, cluster-api-providers), under its
+	// release's ServiceAccount name, so that the platform's own RBAC for
+	// them applies as rendered.
+	const service = "capi-webhook-service"
+	managers := []struct {
+		namespace, account, image, module, version, role string
+		args                                             []string
+		health                                           int32
+	}{
+		{"cozy-capi-core", "capi-manager", capiCoreImage, "sigs.k8s.io/cluster-api", "v1.14.2", "core/config/rbac/role.yaml",
+			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, 9440},
+		{"cozy-capi-kubeadm-bootstrap", "capi-kubeadm-bootstrap-manager", capiBootstrapImage, "sigs.k8s.io/cluster-api", "v1.14.2", "bootstrap/kubeadm/config/rbac/role.yaml",
+			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, 9440},
+		{"cozy-capi-kamaji", "capi-kamaji-controller-manager", kamajiCPImage, "github.com/clastix/cluster-api-control-plane-provider-kamaji", "v0.20.0", "config/rbac/role.yaml",
+			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-probe-bind-address=:8081"}, 8081},
+	}
+	core := managers[0].namespace
+	certs := webhookCerts(t, service+"."+core+".svc")
+	objs := []client.Object{&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: core},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": managers[0].account}, Ports: []corev1.ServicePort{{
+			Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.CAPIWebhookPort)}}},
+	}}
+	for _, m := range managers {
+		role, err := testenv.ModuleClusterRole(ctx, m.module, m.version, m.namespace+"-"+m.account, m.role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(append(objs,
+			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: m.namespace}},
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "webhook-server-cert", Namespace: m.namespace}, Data: certs},
+			role), manager{namespace: m.namespace, account: m.account, role: role.Name, image: m.image, args: m.args,
+			health: m.health, webhookPort: testenv.CAPIWebhookPort, certSecret: "webhook-server-cert"}.objects()...)
+	}
+	objs = append(objs, platformRBAC(t, c, "cluster-api-providers")...)
+	slices.SortStableFunc(objs, func(a, b client.Object) int { // namespaces first
+		_, an := a.(*corev1.Namespace)
+		_, bn := b.(*corev1.Namespace)
+		switch {
+		case an && !bn:
+			return -1
+		case bn && !an:
+			return 1
+		}
+		return 0
+	})
+	for _, o := range objs {
+		if err := cl.Create(ctx, o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, m := range managers {
+				out, err := c.kubectl("-n", m.namespace, "logs", "deploy/"+m.account, "--tail=60")
+				t.Logf("%s's log:\n%s%v", m.account, out, err)
+			}
+		}
+	})
+	poll.Within(t, 5*time.Minute, time.Second, "Cluster API's managers ready", func() error {
+		for _, m := range managers {
+			out, err := c.kubectl("-n", m.namespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.status.containerStatuses[0].ready}{"\n"}{end}`)
+			if err != nil {
+				return err
+			}
+			if out != "true\n" {
+				return fmt.Errorf("%s's pod ready: %q", m.account, out)
+			}
+		}
+		return nil
+	})
+	// Core's webhooks, now that its pod answers behind the Service.
+	hooks, err := testenv.CAPIServiceWebhooks(ctx, core, service, certs["ca.crt"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if err := cl.Create(ctx, h); err != nil {
+			t.Fatalf("register %s: %v", h.GetName(), err)
+		}
+	}
+}
 
-	// Core's webhooks, once its server answers.
-	testenv.RegisterCAPIWebhooks(ctx, t, cl, c.sw.DialContext, net.JoinHostPort(cp.ip, strconv.Itoa(testenv.CAPIWebhookPort)), certDir)
+// platformRBAC is the ClusterRoles and ClusterRoleBindings the platform
+// renders for this cluster's rack in component.
+func platformRBAC(t *testing.T, c *procCluster, component string) []client.Object {
+	t.Helper()
+	layout, err := render.Render(c.rack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := layout.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []client.Object
+	for _, o := range objs {
+		if (o.GetKind() == "ClusterRole" || o.GetKind() == "ClusterRoleBinding") && strings.Contains(o.File, "/components/"+component+"/") {
+			out = append(out, o.Unstructured)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("the platform renders no RBAC in %s", component)
+	}
+	return out
+}
+
+// manager is a controller-runtime manager as its release runs it: the
+// ServiceAccount account in namespace bound to the ClusterRole role, and
+// a one-replica Deployment named account of image (non-root, user 65532)
+// with args, the Secret certSecret mounted where controller-runtime reads
+// its webhook server's certificate, serving webhooks on webhookPort,
+// ready when /readyz on health answers; scratch, if set, an emptyDir
+// mounted there.
+type manager struct {
+	namespace, account, role, image string
+	args                            []string
+	health, webhookPort             int32
+	certSecret, scratch             string
+}
+
+// objects are the manager's ServiceAccount, ClusterRoleBinding and
+// Deployment.
+func (m manager) objects() []client.Object {
+	labels := map[string]string{"app.kubernetes.io/name": m.account}
+	mounts := []corev1.VolumeMount{{Name: "certs", MountPath: "/tmp/k8s-webhook-server/serving-certs", ReadOnly: true}}
+	volumes := []corev1.Volume{{Name: "certs", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: m.certSecret}}}}
+	if m.scratch != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: "scratch", MountPath: m.scratch})
+		volumes = append(volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	}
+	return []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: m.account, Namespace: m.namespace}},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: m.role},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: m.role},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: m.account, Namespace: m.namespace}},
+		},
+		&appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: m.account, Namespace: m.namespace},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{
+						ServiceAccountName: m.account,
+						SecurityContext:    &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(int64(65532))},
+						Containers: []corev1.Container{{
+							Name: "manager", Image: m.image, Args: m.args,
+							Ports: []corev1.ContainerPort{{Name: "webhook", ContainerPort: m.webhookPort}},
+							ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+								HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(m.health)}}},
+							VolumeMounts: mounts,
+						}},
+						Volumes: volumes,
+					},
+				},
+			},
+		},
+	}
+}
+
+// webhookCerts is a webhook server certificate for host, signed by a
+// throwaway CA, as a kubernetes.io/tls Secret's data (tls.crt, tls.key,
+// ca.crt): what cert-manager would give the manager.
+func webhookCerts(t *testing.T, host string) map[string][]byte {
+	t.Helper()
+	dir := testenv.WebhookCertDir(t, host)
+	certs := map[string][]byte{}
+	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs[f] = data
+	}
+	return certs
 }
 
 // managementClient is a client of the cluster's API that knows Cluster
@@ -153,9 +329,6 @@ func joinWorker(ctx context.Context, t *testing.T, cl client.Client, worker *clu
 	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
 	var machine, dataSecret string
 	poll.Within(t, 5*time.Minute, time.Second, "the worker Machine's bootstrap data", func() error {
-		if err := context.Cause(ctx); err != nil {
-			t.Fatal(err)
-		}
 		var list unstructured.UnstructuredList
 		list.SetAPIVersion("cluster.x-k8s.io/v1beta2")
 		list.SetKind("MachineList")

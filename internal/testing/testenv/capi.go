@@ -109,15 +109,34 @@ func WebhookCertDir(t testing.TB, hosts ...string) string {
 // at baseURL (https://HOST:PORT) and trusting caPEM, where a cluster would
 // use the webhook Service and cert-manager's CA.
 func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.Object, error) {
-	var src CRDSource
-	for _, s := range UpstreamCRDs() {
-		if s.Module == "sigs.k8s.io/cluster-api" && strings.HasPrefix(s.Dir, "core/") {
-			src = s
-		}
-	}
+	src := capiCoreCRDs()
 	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
 		return map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
 	})
+}
+
+// CAPIServiceWebhooks are Cluster API core's webhook configurations
+// (CAPIWebhooks') pointed at the Service namespace/service (port 443) in
+// front of its manager, as its release points them, trusting caPEM.
+func CAPIServiceWebhooks(ctx context.Context, namespace, service string, caPEM []byte) ([]client.Object, error) {
+	src := capiCoreCRDs()
+	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
+		return map[string]any{
+			"service":  map[string]any{"namespace": namespace, "name": service, "path": path, "port": int64(443)},
+			"caBundle": base64.StdEncoding.EncodeToString(caPEM),
+		}
+	})
+}
+
+// capiCoreCRDs is where Cluster API core's CRDs come from, at the
+// version its manager is built.
+func capiCoreCRDs() CRDSource {
+	for _, s := range UpstreamCRDs() {
+		if s.Module == "sigs.k8s.io/cluster-api" && strings.HasPrefix(s.Dir, "core/") {
+			return s
+		}
+	}
+	panic("UpstreamCRDs has no Cluster API core")
 }
 
 // RegisterCAPIWebhooks waits until a core manager's webhook server at
