@@ -176,6 +176,20 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 			t.Fatalf("register %s: %v", h.GetName(), err)
 		}
 	}
+	// A ready pod is not yet a routed Service: the API server reaches the
+	// webhooks once the node's kube-proxy has the pod behind it, so wait
+	// for a dry-run Cluster to get through them.
+	poll.Within(t, 2*time.Minute, time.Second, "the API server calling Cluster API core's webhooks", func() error {
+		probe := &unstructured.Unstructured{}
+		probe.SetAPIVersion("cluster.x-k8s.io/v1beta2")
+		probe.SetKind("Cluster")
+		probe.SetNamespace("default")
+		probe.SetName("webhook-probe")
+		if err := cl.Create(ctx, probe, client.DryRunAll); err != nil && strings.Contains(err.Error(), "failed calling webhook") {
+			return err
+		}
+		return nil
+	})
 }
 
 // platformRBAC is the ClusterRoles and ClusterRoleBindings the platform
