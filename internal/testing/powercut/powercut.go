@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,6 +207,12 @@ func (d *Disk) Flushes() int {
 // Mount mounts the image as the machine would after power came back (ext4
 // replays its journal), runs check on it, unmounts it, and then has e2fsck
 // confirm the file system itself came through whole.
+//
+// The mount lives in a mount namespace of its own (privateMount): in the
+// host's, any process that made a mount namespace meanwhile (a test's
+// node, a container) would hold a copy of it, keeping the file system
+// alive after the unmount, so e2fsck would find its journal unreplayed
+// and call it damaged.
 func (img Image) Mount(t testing.TB, check func(dir string)) {
 	t.Helper()
 	dir := strings.TrimSuffix(img.Path, ".img")
@@ -217,13 +224,82 @@ func (img Image) Mount(t testing.TB, check func(dir string)) {
 	loop := strings.TrimSpace(run(t, "losetup", "--find", "--show", img.Path))
 	func() {
 		defer func() { _ = exec.Command("losetup", "-d", loop).Run() }()
-		run(t, "mount", "-t", "ext4", loop, dir)
-		defer unmount(t, dir)
-		check(dir)
+		root, unmount, err := privateMount(loop, dir)
+		if err != nil {
+			t.Fatalf("mount %s: %v", filepath.Base(img.Path), err)
+		}
+		defer func() {
+			if err := unmount(); err != nil {
+				t.Errorf("unmount %s: %v", filepath.Base(img.Path), err)
+			}
+		}()
+		check(root)
 	}()
-	if out, err := exec.Command("e2fsck", "-fn", img.Path).CombinedOutput(); err != nil {
+	out, err := exec.Command("e2fsck", "-fn", img.Path).CombinedOutput()
+	switch {
+	case bytes.Contains(out, []byte("skipping journal recovery")):
+		// Unmounted, but not shut down: e2fsck -n would judge a file
+		// system whose journal is still to be replayed.
+		t.Errorf("%s: the file system still needed recovery after its unmount: something held it\n%s", filepath.Base(img.Path), out)
+	case err != nil:
 		t.Errorf("%s: the file system is damaged after the cut: %v\n%s", filepath.Base(img.Path), err, out)
 	}
+}
+
+// privateMount mounts the ext4 on dev at dir in a new mount namespace
+// that only one locked OS thread of this process is in, and returns the
+// path through which every thread sees that mount
+// (/proc/PID/task/TID/root/DIR) and a function that unmounts it and ends
+// the namespace. Nothing outside the namespace can copy the mount, so
+// once unmounted the file system is shut down cleanly.
+func privateMount(dev, dir string) (root string, unmount func() error, err error) {
+	type mounted struct {
+		tid int
+		err error
+	}
+	ready := make(chan mounted)
+	done := make(chan struct{})
+	result := make(chan error)
+	go func() {
+		// Never unlocked: the thread ends with the goroutine, and the
+		// namespace with it.
+		runtime.LockOSThread()
+		err := unix.Unshare(unix.CLONE_NEWNS)
+		if err == nil {
+			// Nothing mounted here may propagate back to the host.
+			err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, "")
+		}
+		if err == nil {
+			err = unix.Mount(dev, dir, "ext4", 0, "")
+		}
+		ready <- mounted{unix.Gettid(), err}
+		if err != nil {
+			return
+		}
+		<-done
+		result <- unmountBusy(dir)
+	}()
+	m := <-ready
+	if m.err != nil {
+		return "", nil, m.err
+	}
+	return fmt.Sprintf("/proc/%d/task/%d/root%s", os.Getpid(), m.tid, dir), func() error {
+		close(done)
+		return <-result
+	}, nil
+}
+
+// unmountBusy unmounts dir, waiting out a moment's EBUSY (a process of
+// the test still closing files).
+func unmountBusy(dir string) error {
+	for range 50 {
+		err := unix.Unmount(dir, 0)
+		if err != unix.EBUSY {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("still busy after 5 s")
 }
 
 // mountDevice serves dev as the file "disk" in dir over FUSE. go-fuse
