@@ -19,6 +19,7 @@ package powercut
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -289,6 +290,8 @@ func privateMount(dev, dir string) (root string, unmount func() error, err error
 	}, nil
 }
 
+var errStillBusy = errors.New("still busy after 5 s")
+
 // unmountBusy unmounts dir, waiting out a moment's EBUSY (a process of
 // the test still closing files).
 func unmountBusy(dir string) error {
@@ -299,7 +302,7 @@ func unmountBusy(dir string) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("still busy after 5 s")
+	return errStillBusy
 }
 
 // mountDevice serves dev as the file "disk" in dir over FUSE. go-fuse
@@ -464,19 +467,14 @@ func run(t testing.TB, name string, args ...string) string {
 // unmount unmounts dir, waiting out a moment's EBUSY (a process of the
 // test still closing files) before detaching it lazily.
 func unmount(t testing.TB, dir string) {
-	for range 50 {
-		err := unix.Unmount(dir, 0)
-		if err == nil || err == unix.EINVAL {
-			return
-		}
-		if err != unix.EBUSY {
-			t.Errorf("unmount %s: %v", dir, err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	switch err := unmountBusy(dir); {
+	case err == nil || err == unix.EINVAL:
+	case err == errStillBusy:
+		t.Errorf("unmount %s: %v; detached lazily", dir, err)
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	default:
+		t.Errorf("unmount %s: %v", dir, err)
 	}
-	t.Errorf("unmount %s: still busy after 5 s; detached lazily", dir)
-	_ = unix.Unmount(dir, unix.MNT_DETACH)
 }
 
 // sweepOrphans takes down what test processes that died without cleaning
