@@ -55,6 +55,20 @@ if have; then
 	exit 0
 fi
 
+# One build of a version at a time: hack/kamaji.sh and hack/worker-image.sh
+# both want v1.30.2, and two builds side by side take twice the CPU. The
+# second waits for the first, then finds its result.
+mkdir -p "$cache_root/envtest"
+exec 9>"$cache_root/envtest/.lock-${out##*/}"
+if ! flock -n 9; then
+	echo "envtest-assets: waiting for another build of ${out##*/}" >&2
+	flock 9
+fi
+if have; then
+	echo "$out"
+	exit 0
+fi
+
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$out"
 work="$(mktemp -d "$cache_root/envtest/.build.XXXXXX")"
