@@ -629,44 +629,30 @@ func deployKamaji(ctx context.Context, t *testing.T, c *procCluster, cl client.C
 		t.Fatal(err)
 	}
 	certs := webhookCerts(t, service+"."+ns+".svc")
-	objs := append([]client.Object{
-		role,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-webhook-server-cert", Namespace: ns}, Data: certs},
-		&corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: ns},
-			Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name}, Ports: []corev1.ServicePort{{
-				Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.KamajiWebhookPort)}}},
-		},
-	}, manager{namespace: ns, account: name, role: name, image: testenv.KamajiImage,
+	kamaji := manager{namespace: ns, account: name, role: name, image: testenv.KamajiImage,
 		args: []string{"manager",
 			"--datastore=default", "--disable-telemetry", "--leader-elect=false",
 			"--health-probe-bind-address=:8081", "--metrics-bind-address=0",
 			"--tmp-directory=/tmp/kamaji", "--webhook-ca-path=/tmp/k8s-webhook-server/serving-certs/ca.crt",
 			"--pod-namespace=" + ns, "--serviceaccount-name=" + name, "--webhook-service-name=" + service,
 			"--migrate-image=" + testenv.KamajiImage},
-		health: 8081, webhookPort: testenv.KamajiWebhookPort, certSecret: name + "-webhook-server-cert", scratch: "/tmp/kamaji"}.objects()...)
-	for _, o := range objs {
+		health: 8081, webhookPort: testenv.KamajiWebhookPort, certSecret: name + "-webhook-server-cert", scratch: "/tmp/kamaji"}
+	objs := []client.Object{
+		role,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: kamaji.certSecret, Namespace: ns}, Data: certs},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name}, Ports: []corev1.ServicePort{{
+				Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.KamajiWebhookPort)}}},
+		},
+	}
+	for _, o := range append(objs, kamaji.objects()...) {
 		if err := cl.Create(ctx, o); err != nil {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, err := c.kubectl("-n", ns, "logs", "deploy/"+name, "--tail=80")
-			t.Logf("Kamaji's log:\n%s%v", out, err)
-		}
-	})
-	poll.Within(t, 5*time.Minute, time.Second, "Kamaji's pod ready", func() error {
-		out, err := c.kubectl("-n", ns, "get", "pods", "-l", "app.kubernetes.io/name="+name, "-o",
-			`jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}`)
-		if err != nil {
-			return err
-		}
-		if f := strings.Fields(out); len(f) != 4 || f[2] != "true" {
-			return fmt.Errorf("pods: %q", out)
-		}
-		return nil
-	})
+	kamaji.logOnFailure(t, c)
+	poll.Within(t, 5*time.Minute, time.Second, "Kamaji's pod ready", func() error { return kamaji.ready(c) })
 	hooks, err := testenv.KamajiWebhooks(ctx, ns, service, certs["ca.crt"])
 	if err != nil {
 		t.Fatal(err)

@@ -100,16 +100,18 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 	// them applies as rendered.
 	const service = "capi-webhook-service"
 	managers := []struct {
-		namespace, account, image, module, version, role string
-		args                                             []string
-		health                                           int32
+		manager
+		module, version, roleFile string
 	}{
-		{"cozy-capi-core", "capi-manager", capiCoreImage, "sigs.k8s.io/cluster-api", "v1.14.2", "core/config/rbac/role.yaml",
-			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, 9440},
-		{"cozy-capi-kubeadm-bootstrap", "capi-kubeadm-bootstrap-manager", capiBootstrapImage, "sigs.k8s.io/cluster-api", "v1.14.2", "bootstrap/kubeadm/config/rbac/role.yaml",
-			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, 9440},
-		{"cozy-capi-kamaji", "capi-kamaji-controller-manager", kamajiCPImage, "github.com/clastix/cluster-api-control-plane-provider-kamaji", "v0.20.0", "config/rbac/role.yaml",
-			[]string{"--leader-elect=false", "--diagnostics-address=0", "--health-probe-bind-address=:8081"}, 8081},
+		{manager{namespace: "cozy-capi-core", account: "capi-manager", image: capiCoreImage,
+			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, health: 9440},
+			"sigs.k8s.io/cluster-api", "v1.14.2", "core/config/rbac/role.yaml"},
+		{manager{namespace: "cozy-capi-kubeadm-bootstrap", account: "capi-kubeadm-bootstrap-manager", image: capiBootstrapImage,
+			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, health: 9440},
+			"sigs.k8s.io/cluster-api", "v1.14.2", "bootstrap/kubeadm/config/rbac/role.yaml"},
+		{manager{namespace: "cozy-capi-kamaji", account: "capi-kamaji-controller-manager", image: kamajiCPImage,
+			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-probe-bind-address=:8081"}, health: 8081},
+			"github.com/clastix/cluster-api-control-plane-provider-kamaji", "v0.20.0", "config/rbac/role.yaml"},
 	}
 	core := managers[0].namespace
 	certs := webhookCerts(t, service+"."+core+".svc")
@@ -118,16 +120,17 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": managers[0].account}, Ports: []corev1.ServicePort{{
 			Name: "webhook", Port: 443, TargetPort: intstr.FromInt32(testenv.CAPIWebhookPort)}}},
 	}}
-	for _, m := range managers {
-		role, err := testenv.ModuleClusterRole(ctx, m.module, m.version, m.namespace+"-"+m.account, m.role)
+	for i := range managers {
+		m := &managers[i]
+		role, err := testenv.ModuleClusterRole(ctx, m.module, m.version, m.namespace+"-"+m.account, m.roleFile)
 		if err != nil {
 			t.Fatal(err)
 		}
+		m.role, m.webhookPort, m.certSecret = role.Name, testenv.CAPIWebhookPort, "webhook-server-cert"
 		objs = append(append(objs,
 			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: m.namespace}},
-			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "webhook-server-cert", Namespace: m.namespace}, Data: certs},
-			role), manager{namespace: m.namespace, account: m.account, role: role.Name, image: m.image, args: m.args,
-			health: m.health, webhookPort: testenv.CAPIWebhookPort, certSecret: "webhook-server-cert"}.objects()...)
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.certSecret, Namespace: m.namespace}, Data: certs},
+			role), m.objects()...)
 	}
 	objs = append(objs, platformRBAC(t, c, "cluster-api-providers")...)
 	slices.SortStableFunc(objs, func(a, b client.Object) int { // namespaces first
@@ -146,22 +149,13 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, m := range managers {
-				out, err := c.kubectl("-n", m.namespace, "logs", "deploy/"+m.account, "--tail=60")
-				t.Logf("%s's log:\n%s%v", m.account, out, err)
-			}
-		}
-	})
+	for _, m := range managers {
+		m.logOnFailure(t, c)
+	}
 	poll.Within(t, 5*time.Minute, time.Second, "Cluster API's managers ready", func() error {
 		for _, m := range managers {
-			out, err := c.kubectl("-n", m.namespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.status.containerStatuses[0].ready}{"\n"}{end}`)
-			if err != nil {
+			if err := m.ready(c); err != nil {
 				return err
-			}
-			if out != "true\n" {
-				return fmt.Errorf("%s's pod ready: %q", m.account, out)
 			}
 		}
 		return nil
@@ -269,6 +263,30 @@ func (m manager) objects() []client.Object {
 			},
 		},
 	}
+}
+
+// ready says why the manager's one pod is not ready, if it is not.
+func (m manager) ready(c *procCluster) error {
+	out, err := c.kubectl("-n", m.namespace, "get", "pods", "-l", "app.kubernetes.io/name="+m.account, "-o",
+		`jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}`)
+	if err != nil {
+		return err
+	}
+	if f := strings.Fields(out); len(f) != 4 || f[2] != "true" {
+		return fmt.Errorf("%s's pods: %q", m.account, out)
+	}
+	return nil
+}
+
+// logOnFailure logs the tail of the manager's log when the test has
+// failed, as it ends.
+func (m manager) logOnFailure(t *testing.T, c *procCluster) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := c.kubectl("-n", m.namespace, "logs", "deploy/"+m.account, "--tail=80")
+			t.Logf("%s's log:\n%s%v", m.account, out, err)
+		}
+	})
 }
 
 // webhookCerts is a webhook server certificate for host, signed by a

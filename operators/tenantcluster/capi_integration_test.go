@@ -295,7 +295,7 @@ func machinesOf(ctx context.Context, c client.Client, md *clusterv1.MachineDeplo
 func registerCAPIWebhooks(t *testing.T, ctx context.Context, c client.Client, netns *netnstest.NS, certDir string) {
 	t.Helper()
 	addr := netns.Expose(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.CAPIWebhookPort)))
-	testenv.RegisterCAPIWebhooks(ctx, t, c, (&net.Dialer{}).DialContext, addr, certDir)
+	testenv.RegisterCAPIWebhooks(ctx, t, c, addr, certDir)
 }
 
 // fileTail is the last n lines of a file.

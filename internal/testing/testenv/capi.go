@@ -109,9 +109,8 @@ func WebhookCertDir(t testing.TB, hosts ...string) string {
 // at baseURL (https://HOST:PORT) and trusting caPEM, where a cluster would
 // use the webhook Service and cert-manager's CA.
 func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.Object, error) {
-	src := capiCoreCRDs()
-	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
-		return map[string]any{"url": baseURL + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+	return capiCoreWebhooks(ctx, caPEM, func(path string) map[string]any {
+		return map[string]any{"url": baseURL + path}
 	})
 }
 
@@ -119,32 +118,33 @@ func CAPIWebhooks(ctx context.Context, baseURL string, caPEM []byte) ([]client.O
 // (CAPIWebhooks') pointed at the Service namespace/service (port 443) in
 // front of its manager, as its release points them, trusting caPEM.
 func CAPIServiceWebhooks(ctx context.Context, namespace, service string, caPEM []byte) ([]client.Object, error) {
-	src := capiCoreCRDs()
-	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
-		return map[string]any{
-			"service":  map[string]any{"namespace": namespace, "name": service, "path": path, "port": int64(443)},
-			"caBundle": base64.StdEncoding.EncodeToString(caPEM),
-		}
+	return capiCoreWebhooks(ctx, caPEM, func(path string) map[string]any {
+		return map[string]any{"service": map[string]any{"namespace": namespace, "name": service, "path": path, "port": int64(443)}}
 	})
 }
 
-// capiCoreCRDs is where Cluster API core's CRDs come from, at the
-// version its manager is built.
-func capiCoreCRDs() CRDSource {
+// capiCoreWebhooks are Cluster API core's webhook configurations, read
+// from its module at the version its CRDs come from, each reached where
+// at(path) says and trusting caPEM.
+func capiCoreWebhooks(ctx context.Context, caPEM []byte, at func(path string) map[string]any) ([]client.Object, error) {
+	var src CRDSource
 	for _, s := range UpstreamCRDs() {
 		if s.Module == "sigs.k8s.io/cluster-api" && strings.HasPrefix(s.Dir, "core/") {
-			return s
+			src = s
 		}
 	}
-	panic("UpstreamCRDs has no Cluster API core")
+	return moduleWebhooks(ctx, src.Module, src.Version, "core/config/webhook/manifests.yaml", "capi-core-", func(path string) map[string]any {
+		cfg := at(path)
+		cfg["caBundle"] = base64.StdEncoding.EncodeToString(caPEM)
+		return cfg
+	})
 }
 
 // RegisterCAPIWebhooks waits until a core manager's webhook server at
-// addr (HOST:PORT, reached through dial) answers TLS with certDir's
-// certificate for HOST, then registers Cluster API core's webhook
-// configurations there (CAPIWebhooks), failing closed as on a real
-// cluster.
-func RegisterCAPIWebhooks(ctx context.Context, t testing.TB, c client.Client, dial func(ctx context.Context, network, addr string) (net.Conn, error), addr, certDir string) {
+// addr (HOST:PORT) answers TLS with certDir's certificate for HOST, then
+// registers Cluster API core's webhook configurations there
+// (CAPIWebhooks), failing closed as on a real cluster.
+func RegisterCAPIWebhooks(ctx context.Context, t testing.TB, c client.Client, addr, certDir string) {
 	t.Helper()
 	ca, err := os.ReadFile(filepath.Join(certDir, "tls.crt"))
 	if err != nil {
@@ -157,7 +157,7 @@ func RegisterCAPIWebhooks(ctx context.Context, t testing.TB, c client.Client, di
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	poll.Until(t, ctx, 250*time.Millisecond, "the Cluster API webhook server", func() error {
-		raw, err := dial(ctx, "tcp", addr)
+		raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return err
 		}
