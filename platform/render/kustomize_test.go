@@ -27,10 +27,12 @@ func TestKustomizeBuilds(t *testing.T) {
 				data := l.Files[p]
 				if path.Base(p) == "kustomization.yaml" {
 					dirs = append(dirs, path.Dir(p))
-					var standins map[string]string
-					data, standins = withoutRemote(t, p, data)
+					var standins map[string][]byte
+					data, standins = withLocal(t, p, data, func(i int, _ string) (string, []byte) {
+						return fmt.Sprintf("standin-crd-%d.yaml", i), []byte(standinCRD(i))
+					})
 					for name, crd := range standins {
-						if err := fs.WriteFile("/"+path.Join(path.Dir(p), name), []byte(crd)); err != nil {
+						if err := fs.WriteFile("/"+path.Join(path.Dir(p), name), crd); err != nil {
 							t.Fatal(err)
 						}
 					}
@@ -82,9 +84,10 @@ spec:
 `, i)
 }
 
-// withoutRemote replaces the https:// resources of a kustomization.yaml
-// with stand-in CRDs, one each, and returns those by file name.
-func withoutRemote(t *testing.T, file string, data []byte) ([]byte, map[string]string) {
+// withLocal replaces the https:// resources of a kustomization.yaml
+// with the files local(i, url) names and holds (i counts them from 0),
+// and returns those by file name.
+func withLocal(t *testing.T, file string, data []byte, local func(i int, url string) (string, []byte)) ([]byte, map[string][]byte) {
 	t.Helper()
 	var k map[string]any
 	if err := yaml.Unmarshal(data, &k); err != nil {
@@ -92,12 +95,12 @@ func withoutRemote(t *testing.T, file string, data []byte) ([]byte, map[string]s
 	}
 	res, _ := k["resources"].([]any)
 	var kept []any
-	standins := map[string]string{}
+	files := map[string][]byte{}
 	for _, r := range res {
 		if s, _ := r.(string); strings.HasPrefix(s, "https://") {
-			i := len(standins)
-			r = fmt.Sprintf("standin-crd-%d.yaml", i)
-			standins[r.(string)] = standinCRD(i)
+			name, content := local(len(files), s)
+			files[name] = content
+			r = name
 		}
 		kept = append(kept, r)
 	}
@@ -106,5 +109,5 @@ func withoutRemote(t *testing.T, file string, data []byte) ([]byte, map[string]s
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out, standins
+	return out, files
 }

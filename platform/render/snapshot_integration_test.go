@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/internal/testing/testenv"
 )
@@ -66,16 +65,8 @@ func TestSnapshotControllerComponent(t *testing.T) {
 		}
 		data := l.Files[p]
 		if path.Base(p) == "kustomization.yaml" {
-			var k map[string]any
-			if err := yaml.Unmarshal(data, &k); err != nil {
-				t.Fatal(err)
-			}
-			res, _ := k["resources"].([]any)
-			for i, r := range res {
-				url, _ := r.(string)
-				if !strings.HasPrefix(url, "https://") {
-					continue
-				}
+			var files map[string][]byte
+			data, files = withLocal(t, p, data, func(_ int, url string) (string, []byte) {
 				if !strings.HasPrefix(url, snapshotterRaw) {
 					t.Fatalf("%s: %s is not external-snapshotter's", p, url)
 				}
@@ -83,17 +74,14 @@ func TestSnapshotControllerComponent(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", url, err)
 				}
-				local := path.Base(url)
-				if err := fs.WriteFile("/"+path.Join(dir, local), file); err != nil {
+				return path.Base(url), file
+			})
+			for name, file := range files {
+				if err := fs.WriteFile("/"+path.Join(dir, name), file); err != nil {
 					t.Fatal(err)
 				}
-				res[i] = local
-				remote++
 			}
-			var err error
-			if data, err = yaml.Marshal(k); err != nil {
-				t.Fatal(err)
-			}
+			remote += len(files)
 		}
 		if err := fs.WriteFile("/"+p, data); err != nil {
 			t.Fatal(err)
