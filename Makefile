@@ -71,7 +71,7 @@ capi: ## Build (once, cached) the Cluster API core and kubeadm bootstrap manager
 	hack/capi-controllers.sh >/dev/null
 
 .PHONY: kamaji
-kamaji: ## Build (once, cached) Kamaji v1.0.0, the Kamaji control-plane provider ported to it, its DataStore's etcd, and the images of those, of Cluster API's managers and of its tenants' control planes (Kubernetes v1.30.2), for make e2e and make bench
+kamaji: ## Build (once, cached) Kamaji v1.0.0, the Kamaji control-plane provider ported to it, its DataStore's etcd, and the images of those, of Cluster API's managers and of its tenants' control planes (Kubernetes v1.30.2, Konnectivity), for make e2e and make bench
 	hack/kamaji.sh >/dev/null
 
 .PHONY: unit
@@ -109,7 +109,7 @@ worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for K
 	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
-e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API and the Kamaji provider, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror (root)
+e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API and the Kamaji provider, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror, its logs and exec through Konnectivity (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \

@@ -15,6 +15,9 @@
 #                 (hack/capi-controllers.sh's managers)
 #               docker.io/clastix/cluster-api-control-plane-provider-kamaji:v0.20.0
 #                 (the provider below)
+#               registry.k8s.io/kas-network-proxy/proxy-server:V
+#               registry.k8s.io/kas-network-proxy/proxy-agent:V
+#                 (Konnectivity at cozy-operator's KonnectivityVersion V)
 #
 #   hack/kamaji.sh
 #
@@ -41,7 +44,8 @@
 # Measured on 2 cores (2026-12-06): Kamaji 2 min 39 s with the module
 # cache cold for it; Kubernetes v1.30.2 9 min 30 s with its module
 # downloaded and the build cache cold; the provider (2026-12-07) 2 min
-# 53 s with Kamaji's dependencies cached.
+# 53 s with Kamaji's dependencies cached; Konnectivity v0.34.0 53 s, its
+# modules downloaded then, most of its dependencies already built.
 #
 # Only the directory goes to stdout; progress goes to stderr.
 set -euo pipefail
@@ -53,6 +57,7 @@ capi_version=v1.14.2 # hack/capi-controllers.sh's, checked below
 provider_module=github.com/clastix/cluster-api-control-plane-provider-kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
 etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
+konnectivity_module=sigs.k8s.io/apiserver-network-proxy
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/kamajiimages/main.go" ]] || { echo "kamaji: run it from a Cozy source tree" >&2; exit 1; }
@@ -68,12 +73,16 @@ done
 
 ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')"
 [[ -n $ca_deb && $ca_deb != "(none)" ]] || die "no candidate for ca-certificates: run apt-get update"
+# The Konnectivity version every tenant gets: cozy-operator's, read from
+# its source so that the images and the operator cannot disagree.
+konnectivity_version="$(sed -n 's/^[[:space:]]*KonnectivityVersion[[:space:]]*= "\(v[0-9.]*\)"$/\1/p' "$repo/operators/tenantcluster/desired.go")"
+[[ $konnectivity_version == v* ]] || die "no KonnectivityVersion in operators/tenantcluster/desired.go"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
 	cat hack/kamaji.sh hack/capi-controllers.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_konnectivity-${konnectivity_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
 if [[ -x $out/etcd && -f $out/images/index.json ]]; then
 	echo "$out"
 	exit 0
@@ -167,6 +176,20 @@ patch -s -p1 -d "$work/provider-src" <"$repo/hack/kamajiprovider/kamaji-v1.0.0.p
 (cd "$pmod" && go build -trimpath -ldflags "-s -w" -o "$work/provider.bin" "$provider_module" >&2)
 "$work/provider.bin" --help >/dev/null 2>&1 || die "the built Kamaji control-plane provider does not run"
 
+log "building Konnectivity $konnectivity_version (about a minute cold)"
+# Its server and agent, from the module's cmd/server and cmd/agent as its
+# Dockerfiles build them (CGO_ENABLED=0), with its konnectivity-client at
+# the same tag: upstream builds it from the same tree (a replace line).
+kmod="$work/konnectivity"
+mkdir -p "$kmod"
+printf 'module cozy.dev/tools/konnectivity\n\ngo 1.26\n\nrequire (\n\t%s %s\n\t%s/konnectivity-client %s\n)\n' \
+	"$konnectivity_module" "$konnectivity_version" "$konnectivity_module" "$konnectivity_version" >"$kmod/go.mod"
+mkdir -p "$work/konnectivity-bin"
+for cmd in server agent; do
+	(cd "$kmod" && go build -trimpath -ldflags "-s -w" -o "$work/konnectivity-bin/proxy-$cmd" "$konnectivity_module/cmd/$cmd" >&2)
+	"$work/konnectivity-bin/proxy-$cmd" --help >/dev/null 2>&1 || die "the built proxy-$cmd does not run"
+done
+
 log "Debian ca-certificates $ca_deb"
 debroot "$work" "ca-certificates=$ca_deb"
 
@@ -175,7 +198,8 @@ log "packing the images"
 mkdir -p "$work/out"
 "$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
 	-kubernetes "$kube" -kubernetes-version "$k8s_version" \
-	-capi "$capi" -capi-version "$capi_version" -provider "$work/provider.bin" -provider-tag "$provider_version"
+	-capi "$capi" -capi-version "$capi_version" -provider "$work/provider.bin" -provider-tag "$provider_version" \
+	-konnectivity "$work/konnectivity-bin" -konnectivity-version "$konnectivity_version"
 install -m 0755 "$kube/etcd" "$work/out/etcd"
 chmod 0755 "$work/out" "$work/out/images"
 mv -T "$work/out" "$out" 2>/dev/null || [[ -f "$out/images/index.json" ]] || die "cannot move the build to $out"

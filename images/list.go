@@ -301,6 +301,10 @@ func (b *builder) platform(r *rack.Rack) error {
 		// worker image names it; their containerd pulls it through the
 		// rack's mirror).
 		b.add(workerimage.SandboxImage, "tenant workers: pause (pod sandbox)")
+		// Konnectivity, on unless a TenantCluster turns it off: its server
+		// in each tenant's control-plane pod, its agent on each worker.
+		b.add(tenantcluster.KonnectivityServerImage+":"+tenantcluster.KonnectivityVersion, "tenant control planes: konnectivity-server")
+		b.add(tenantcluster.KonnectivityAgentImage+":"+tenantcluster.KonnectivityVersion, "tenant workers: konnectivity-agent")
 		return b.tenantAddons(own, sources)
 	}
 	return nil

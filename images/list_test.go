@@ -74,6 +74,8 @@ func TestListFollowsTheRack(t *testing.T) {
 			want: map[string]string{
 				"registry.k8s.io/pause:3.10.1":                                     "talos: pause (pod sandbox)",
 				"registry.k8s.io/pause:3.10.2":                                     "tenant workers: pause (pod sandbox)",
+				"registry.k8s.io/kas-network-proxy/proxy-agent:v0.34.0":            "tenant workers: konnectivity-agent",
+				"registry.k8s.io/kas-network-proxy/proxy-server:v0.34.0":           "tenant control planes: konnectivity-server",
 				"ghcr.io/siderolabs/kubelet:v" + rack.DefaultKubernetesVersion:     "talos: kubelet",
 				"registry.k8s.io/kube-apiserver:v" + rack.DefaultKubernetesVersion: "talos: kube-apiserver",
 				"registry.k8s.io/coredns/coredns:v1.14.2":                          "talos: coredns",

@@ -1,8 +1,9 @@
 // Command kamajiimages packs Kamaji's image, the images of the tenant
 // control planes it runs (kube-apiserver, kube-controller-manager and
-// kube-scheduler of the Kubernetes version Kamaji supports) and those of
-// the Cluster API managers that drive it (core, kubeadm bootstrap, the
-// Kamaji control-plane provider) into one OCI image layout, each under
+// kube-scheduler of the Kubernetes version Kamaji supports, Konnectivity's
+// server and agent) and those of the Cluster API managers that drive it
+// (core, kubeadm bootstrap, the Kamaji control-plane provider) into one
+// OCI image layout, each under
 // its exact upstream name and tag, for the registry mirror the
 // management cluster pulls from. hack/kamaji.sh builds the binaries,
 // fetches Debian's ca-certificates and runs it.
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -33,6 +35,7 @@ type inputs struct {
 	kubeDir, kubeTag  string
 	capiDir, capiTag  string
 	provider, provTag string
+	konnDir, konnTag  string
 }
 
 // controlPlane are the binaries of a tenant control plane, each in its
@@ -51,10 +54,12 @@ func run() error {
 	flag.StringVar(&in.capiTag, "capi-version", "", "their version (v1.14.2)")
 	flag.StringVar(&in.provider, "provider", "", "static Kamaji control-plane provider binary")
 	flag.StringVar(&in.provTag, "provider-tag", "", "its version (v0.20.0)")
+	flag.StringVar(&in.konnDir, "konnectivity", "", "directory of static proxy-server and proxy-agent binaries")
+	flag.StringVar(&in.konnTag, "konnectivity-version", "", "their version (v0.34.0)")
 	flag.Parse()
 	for name, v := range map[string]string{"-o": in.out, "-debs": in.debs, "-kamaji": in.kamaji, "-kamaji-tag": in.kamajiTag,
 		"-kubernetes": in.kubeDir, "-kubernetes-version": in.kubeTag, "-capi": in.capiDir, "-capi-version": in.capiTag,
-		"-provider": in.provider, "-provider-tag": in.provTag} {
+		"-provider": in.provider, "-provider-tag": in.provTag, "-konnectivity": in.konnDir, "-konnectivity-version": in.konnTag} {
 		if v == "" {
 			flag.Usage()
 			return fmt.Errorf("%s is required", name)
@@ -121,6 +126,18 @@ func kamajiImages(in inputs) ([]ociimage.Image, error) {
 	} {
 		im, err := image(m.ref, m.version, m.source, ocispec.ImageConfig{User: "65532:65532", WorkingDir: "/", Entrypoint: []string{"/manager"}},
 			ociimage.File{Path: "/manager", Mode: 0o755, Source: m.bin})
+		if err != nil {
+			return nil, err
+		}
+		images = append(images, im)
+	}
+	// Konnectivity's Dockerfiles: distroless static nonroot, the binary
+	// at / as the entrypoint (Kamaji names it as the command too).
+	for _, bin := range []string{"proxy-server", "proxy-agent"} {
+		im, err := image("registry.k8s.io/kas-network-proxy/"+bin+":"+in.konnTag, in.konnTag,
+			"sigs.k8s.io/apiserver-network-proxy@"+in.konnTag+" cmd/"+strings.TrimPrefix(bin, "proxy-"),
+			ocispec.ImageConfig{User: "65532:65532", WorkingDir: "/", Entrypoint: []string{"/" + bin}},
+			ociimage.File{Path: "/" + bin, Mode: 0o755, Source: filepath.Join(in.konnDir, bin)})
 		if err != nil {
 			return nil, err
 		}

@@ -38,8 +38,10 @@ import (
 	"cozy.dev/cozy/internal/testing/clustertest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/internal/testing/workertest"
 	"cozy.dev/cozy/lab/talosnode"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/operators/tenantcluster"
 )
 
 const (
@@ -50,12 +52,12 @@ const (
 // TestKamajiServesATenant: cozy-operator's children for a TenantCluster
 // become a running tenant through the real controllers: Cluster API's
 // core and kubeadm bootstrap managers and the Kamaji control-plane
-// provider (v0.20.0, ported to Kamaji v1.0.0 by hack/kamaji.sh) run as
-// processes on the control plane node, Kamaji (built from its module)
-// as a pod from its image served by the mirror, its webhooks behind a
-// Service. The provider makes the TenantControlPlane from the operator's
-// KamajiControlPlane; Kamaji runs its kube-apiserver, controller-manager
-// and scheduler as pods on the worker node from images built here, its
+// provider (v0.20.0, ported to Kamaji v1.0.0 by hack/kamaji.sh) and
+// Kamaji (built from its module) run as pods of images served by the
+// mirror, their webhooks behind Services. The provider makes the
+// TenantControlPlane from the operator's KamajiControlPlane; Kamaji runs
+// its kube-apiserver, controller-manager, scheduler and Konnectivity
+// server as pods on the worker node from images built here, its
 // state in an etcd DataStore on the nodes' LAN (client-certificate TLS,
 // etcd auth on, as kamaji-etcd sets it up), its API on a ClusterIP
 // Service, as the operator exposes it on a rack without a load-balancer
@@ -65,7 +67,8 @@ const (
 // worker node's network namespace (as KubeVirt runs a VM in a pod): its
 // Node registers in the tenant; its containerd pulls through the mirror
 // cozy-operator's user-data names; with a CNI (flannel) the Node is Ready
-// and runs a pod. The tenant's keys sit under its own prefix in the
+// and runs a pod, and the tenant's API server reaches its kubelet (logs,
+// exec) through the Konnectivity agent Kamaji puts on it. The tenant's keys sit under its own prefix in the
 // DataStore, readable by its own etcd user and no other prefix; once its
 // children are deleted, its Cluster API objects, pods, the Secrets Kamaji
 // made, its keys, user and role are gone.
@@ -74,8 +77,7 @@ const (
 // as it applies them, without their owner: a TenantCluster's schema
 // accepts v1.34 and newer, Kamaji v1.0.0 serves v1.30.2 at most); CAPK,
 // so the Machine is never provisioned and its Node keeps Cluster API's
-// uninitialized taint; no Konnectivity (no image built for it); the
-// worker boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
+// uninitialized taint; the worker boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
 // flannel, not the Cilium Cozy gives tenants (it cannot be built here),
 // and no cloud-controller-manager initialises the Node (KubeVirt's does
 // for Cozy's workers).
@@ -218,15 +220,15 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	// The tenant: cozy-operator's children for a TenantCluster acme with
 	// one control-plane replica, exposed as a ClusterIP Service (which the
 	// management cluster's nodes and VMs reach; there is no load-balancer
-	// pool here), Konnectivity off (no image built for it), and one node
-	// group of one worker. The Kamaji provider makes the
+	// pool here), Konnectivity on (the default), and one node group of
+	// one worker. The Kamaji provider makes the
 	// TenantControlPlane from the operator's KamajiControlPlane.
 	tc := &v1.TenantCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
 		Spec: v1.TenantClusterSpec{
 			Version: version,
 			ControlPlane: v1.ControlPlane{
-				Replicas: 1, DataStoreName: "default", Konnectivity: ptr.To(false),
+				Replicas: 1, DataStoreName: "default",
 				Expose: v1.Expose{Type: v1.ExposeClusterIP},
 			},
 			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
@@ -303,10 +305,17 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, image := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		if !strings.Contains(out, worker.name+" Running ") || !strings.Contains(out, "registry.k8s.io/"+image+":"+version+" ") {
-			t.Errorf("no pod on %s runs %s %s:\n%s", worker.name, image, version, out)
+	for _, image := range []string{"kube-apiserver:" + version, "kube-controller-manager:" + version, "kube-scheduler:" + version,
+		"kas-network-proxy/proxy-server:" + tenantcluster.KonnectivityVersion} {
+		if !strings.Contains(out, worker.name+" Running ") || !strings.Contains(out, "registry.k8s.io/"+image+" ") {
+			t.Errorf("no pod on %s runs %s:\n%s", worker.name, image, out)
 		}
+	}
+	// Its API server reaches kubelets only through Konnectivity: Kamaji
+	// gives it an egress selector for the cluster's traffic.
+	if out, err := c.kubectl("-n", "tenants", "get", "deployment", "acme", "-o",
+		`jsonpath={.spec.template.spec.containers[?(@.name=="kube-apiserver")].args}`); err != nil || !strings.Contains(out, "--egress-selector-config-file=") {
+		t.Errorf("the tenant's kube-apiserver has no egress selector: %s %v", out, err)
 	}
 
 	// Its API answers kubectl, from the LAN, with the admin kubeconfig
@@ -424,6 +433,47 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		t.Fatalf("the probe pods %v are not one with an address of its Node's pod subnet %q (%v)", probes, nodeCIDR, err)
 	}
 	t.Logf("a pod ran on it %s after it was created", time.Since(probeStart).Round(time.Second))
+
+	// The tenant's API server reaches the worker's kubelet through
+	// Konnectivity: its agent runs there, pulled through the mirror, and
+	// kubectl logs and exec go through it. The kubelet runs with
+	// cloud-provider external and leaves the Node's addresses to the
+	// cloud-controller-manager (KubeVirt's, which does not run here): the
+	// test sets them as it would, to the VM's own address, which only the
+	// VM reaches (QEMU's user network), so a kubelet call that gets there
+	// went through the agent.
+	addresses := fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":%q},{"type":"Hostname","address":%q}]}}`, workertest.GuestIP, workerMachine)
+	if out, err := tenantKubectl("patch", "node", workerMachine, "--subresource=status", "--type=merge", "-p", addresses); err != nil {
+		t.Fatalf("the Node's addresses: %s %v", out, err)
+	}
+	poll.Within(t, 5*time.Minute, time.Second, "the Konnectivity agent running on the worker", func() error {
+		out, err := tenantKubectl("-n", "kube-system", "get", "pods", "-l", "k8s-app=konnectivity-agent", "-o",
+			`jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.spec.containers[0].image}{"\n"}{end}`)
+		if err != nil {
+			return err
+		}
+		if want := workerMachine + " Running " + tenantcluster.KonnectivityAgentImage + ":" + tenantcluster.KonnectivityVersion; strings.TrimSpace(out) != want {
+			return fmt.Errorf("agents %q, want %q", out, want)
+		}
+		return nil
+	})
+	poll.Within(t, 2*time.Minute, time.Second, "logs and exec through Konnectivity", func() error {
+		out, err := tenantKubectl("logs", probes[0].Name)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "probe up on "+workerMachine) {
+			return fmt.Errorf("logs of %s: %q", probes[0].Name, out)
+		}
+		if out, err = tenantKubectl("exec", probes[0].Name, "--", "cat", "/www/index.html"); err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != "probe on "+workerMachine {
+			return fmt.Errorf("exec in %s: %q", probes[0].Name, out)
+		}
+		return nil
+	})
+	t.Logf("logs and exec reached the worker's kubelet through Konnectivity %s after the probe pod was created", time.Since(probeStart).Round(time.Second))
 
 	// Its state is in the DataStore under its own prefix, and its own
 	// user may read only that.

@@ -201,7 +201,7 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster, version, dnsServiceIP strin
 	// this same address.
 	addons := map[string]any{"coreDNS": map[string]any{"dnsServiceIPs": []any{dnsServiceIP}}}
 	if cp.Konnectivity == nil || *cp.Konnectivity {
-		addons["konnectivity"] = map[string]any{}
+		addons["konnectivity"] = konnectivityAddon()
 	}
 	network := map[string]any{"serviceType": string(cp.Expose.Type)}
 	if cp.Expose.Type == v1.ExposeIngress {
@@ -230,6 +230,37 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster, version, dnsServiceIP strin
 	}
 	u.Object["spec"] = spec
 	return u
+}
+
+// Konnectivity: its server runs beside each tenant API server (Kamaji
+// puts it in the control-plane pod) and its agent on every worker.
+// Pinned, not left to Kamaji: v1.0.0 defaults to v0.0.32, whose module
+// the proxy refuses, and newer Kamaji derives a version from the
+// tenant's, which a mirror cannot know before the tenant exists; the
+// images must be in an air-gapped rack's mirror (`images list` names
+// them, hack/kamaji.sh builds them). One version for every tenant: its
+// server speaks to API servers of v1.30 (TestKamajiServesATenant) and
+// its gRPC protocol has not changed since.
+const (
+	KonnectivityVersion     = "v0.34.0"
+	KonnectivityServerImage = "registry.k8s.io/kas-network-proxy/proxy-server"
+	KonnectivityAgentImage  = "registry.k8s.io/kas-network-proxy/proxy-agent"
+	konnectivityPort        = 8132
+)
+
+// konnectivityAddon is the KamajiControlPlane's konnectivity add-on. Its
+// port is named because the CRD defaults it only when the whole server
+// block is left out. The agent tolerates every taint: without it on a
+// Node, the tenant's API server reaches no kubelet there (no logs, exec,
+// port-forward or metrics), and a node group's own taints, or the ones a
+// Node carries until it is initialised, would keep it off (Kamaji's
+// default tolerates CriticalAddonsOnly alone).
+func konnectivityAddon() map[string]any {
+	return map[string]any{
+		"server": map[string]any{"image": KonnectivityServerImage, "version": KonnectivityVersion, "port": int64(konnectivityPort)},
+		"agent": map[string]any{"image": KonnectivityAgentImage, "version": KonnectivityVersion,
+			"tolerations": []any{map[string]any{"operator": "Exists"}}},
+	}
 }
 
 // dnsServiceIP is the tenth address of the service range cidr, which

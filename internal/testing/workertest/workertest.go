@@ -199,6 +199,10 @@ type VM struct {
 	PID int
 }
 
+// GuestIP is the worker VM's address: the first QEMU's user network
+// (net 10.0.2.0/24) hands out. Nothing outside the VM reaches it.
+const GuestIP = "10.0.2.15"
+
 // Boot starts the worker image's disk (read-only, as a containerDisk's
 // base) with seed under TCG in ns, its network QEMU's user network,
 // which reaches what ns reaches, until the test ends; if the test fails,
