@@ -216,6 +216,7 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	// Cluster API and the Kamaji control-plane provider run beside Kamaji.
 	startClusterAPI(ctx, t, c)
 	mgmt := managementClient(t, c)
+	missingDataStore(ctx, t, mgmt, "tenants", version)
 
 	// The tenant: cozy-operator's children for a TenantCluster acme with
 	// one control-plane replica, exposed as a ClusterIP Service (which the

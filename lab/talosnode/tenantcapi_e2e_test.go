@@ -419,7 +419,6 @@ func object(ctx context.Context, cl client.Client, apiVersion, kind, namespace, 
 func checkClusterAPIControlPlane(ctx context.Context, t *testing.T, cl client.Client, apiHost string, answers func() error) {
 	t.Helper()
 	const ns, name = "tenants", "acme"
-	kcpAPI := "controlplane.cluster.x-k8s.io/v1alpha2"
 	poll.Within(t, 3*time.Minute, time.Second, "Cluster API's view of the control plane", func() error {
 		kcp, err := object(ctx, cl, kcpAPI, "KamajiControlPlane", ns, name)
 		if err != nil {
@@ -448,18 +447,6 @@ func checkClusterAPIControlPlane(ctx context.Context, t *testing.T, cl client.Cl
 		return cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name + "-kubeconfig"}, &secret)
 	})
 
-	created := func(kcp *unstructured.Unstructured) (string, string) {
-		conds, _, _ := unstructured.NestedSlice(kcp.Object, "status", "conditions")
-		for _, c := range conds {
-			m, _ := c.(map[string]any)
-			if m["type"] == "TenantControlPlaneCreated" {
-				s, _ := m["status"].(string)
-				msg, _ := m["message"].(string)
-				return s, msg
-			}
-		}
-		return "", ""
-	}
 	patch := func(body string) {
 		t.Helper()
 		kcp, err := object(ctx, cl, kcpAPI, "KamajiControlPlane", ns, name)
@@ -476,13 +463,13 @@ func checkClusterAPIControlPlane(ctx context.Context, t *testing.T, cl client.Cl
 		if err != nil {
 			return err
 		}
-		if status, msg := created(kcp); status != "False" || !strings.Contains(msg, "spec.network.advertiseAddress is not supported") {
+		if status, msg := tenantControlPlaneCreated(kcp); status != "False" || !strings.Contains(msg, "spec.network.advertiseAddress is not supported") {
 			return fmt.Errorf("TenantControlPlaneCreated %s: %q", status, msg)
 		}
 		return nil
 	})
 	kcp, _ := object(ctx, cl, kcpAPI, "KamajiControlPlane", ns, name)
-	_, msg := created(kcp)
+	_, msg := tenantControlPlaneCreated(kcp)
 	t.Logf("refused: TenantControlPlaneCreated False: %s", msg)
 	if err := answers(); err != nil {
 		t.Errorf("the tenant's API while its KamajiControlPlane was refused: %v", err)
@@ -493,11 +480,71 @@ func checkClusterAPIControlPlane(ctx context.Context, t *testing.T, cl client.Cl
 		if err != nil {
 			return err
 		}
-		if status, msg := created(kcp); status != "True" {
+		if status, msg := tenantControlPlaneCreated(kcp); status != "True" {
 			return fmt.Errorf("TenantControlPlaneCreated %s: %q", status, msg)
 		}
 		return nil
 	})
+}
+
+// kcpAPI is the KamajiControlPlane's apiVersion.
+const kcpAPI = "controlplane.cluster.x-k8s.io/v1alpha2"
+
+// tenantControlPlaneCreated is the status and message of the Kamaji
+// provider's TenantControlPlaneCreated condition on kcp, which
+// cozy-operator reads into the TenantCluster's ControlPlaneReady when
+// False (TestComputeStatus).
+func tenantControlPlaneCreated(kcp *unstructured.Unstructured) (string, string) {
+	conds, _, _ := unstructured.NestedSlice(kcp.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == "TenantControlPlaneCreated" {
+			s, _ := m["status"].(string)
+			msg, _ := m["message"].(string)
+			return s, msg
+		}
+	}
+	return "", ""
+}
+
+// missingDataStore is bad input through the whole chain: cozy-operator's
+// children for a TenantCluster naming a DataStore that does not exist.
+// Kamaji's webhook refuses the provider's TenantControlPlane, and the
+// provider says so in the KamajiControlPlane's TenantControlPlaneCreated
+// condition, which the operator shows in the TenantCluster's
+// ControlPlaneReady (TestComputeStatus's "DataStore does not exist"
+// case holds this message). Its children are then deleted and leave
+// nothing behind.
+func missingDataStore(ctx context.Context, t *testing.T, cl client.Client, namespace, version string) {
+	t.Helper()
+	tc := &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "ghost", Namespace: namespace, UID: "0b6c1f4e-6a54-4f4b-9a0e-3c1d2e5f7a81"},
+		Spec: v1.TenantClusterSpec{
+			Version:      version,
+			ControlPlane: v1.ControlPlane{Replicas: 1, DataStoreName: "gone", Expose: v1.Expose{Type: v1.ExposeClusterIP}},
+			Network:      v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
+		},
+	}
+	children := applyChildren(ctx, t, cl, tc)
+	var msg string
+	poll.Within(t, 2*time.Minute, time.Second, "the provider reporting the missing DataStore", func() error {
+		kcp, err := object(ctx, cl, kcpAPI, "KamajiControlPlane", namespace, tc.Name)
+		if err != nil {
+			return err
+		}
+		var status string
+		if status, msg = tenantControlPlaneCreated(kcp); status != "False" || !strings.Contains(msg, "gone DataStore does not exist") {
+			return fmt.Errorf("TenantControlPlaneCreated %s: %q", status, msg)
+		}
+		return nil
+	})
+	t.Logf("a TenantCluster of a missing DataStore: TenantControlPlaneCreated False: %s", msg)
+	for _, u := range children.All() {
+		if err := cl.Delete(ctx, u.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+	clusterAPIGone(ctx, t, cl, namespace, tc.Name)
 }
 
 // clusterAPIGone waits until the tenant's Cluster API objects are gone:

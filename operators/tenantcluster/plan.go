@@ -1,6 +1,7 @@
 package tenantcluster
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -38,6 +39,11 @@ type controlPlaneState struct {
 	Spec, Status string
 	Ready        bool
 	Initialized  bool
+	// NotCreated is why the Kamaji provider could not create or update
+	// the TenantControlPlane for the KamajiControlPlane's current spec
+	// (its TenantControlPlaneCreated condition False at its generation),
+	// empty otherwise.
+	NotCreated string
 }
 
 func readControlPlane(u *unstructured.Unstructured) controlPlaneState {
@@ -57,6 +63,17 @@ func readControlPlane(u *unstructured.Unstructured) controlPlaneState {
 	}
 	cpInit, _, _ := unstructured.NestedBool(u.Object, "status", "initialization", "controlPlaneInitialized")
 	s.Initialized = cpInit || s.Status != ""
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		c, _ := c.(map[string]any)
+		gen, _, _ := unstructured.NestedInt64(c, "observedGeneration")
+		if c["type"] != "TenantControlPlaneCreated" || c["status"] != string(metav1.ConditionFalse) || gen != u.GetGeneration() {
+			continue
+		}
+		if s.NotCreated, _ = c["message"].(string); s.NotCreated == "" {
+			s.NotCreated, _ = c["reason"].(string)
+		}
+	}
 	return s
 }
 

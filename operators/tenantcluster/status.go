@@ -57,6 +57,7 @@ const (
 	ReasonWorkerImageMissing = "WorkerImageMissing"
 	ReasonGPUNotPermitted    = "GPUNotPermitted"
 	ReasonNoLoadBalancer     = "NoLoadBalancer"
+	ReasonProviderError      = "ProviderError"
 )
 
 // computeStatus derives a TenantCluster's status from its children: the
@@ -105,6 +106,13 @@ func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp cont
 	case cp.Ready && cp.Status == tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
 			Message: "the control plane runs " + cp.Status}
+	case cp.NotCreated != "":
+		// The provider cannot write the TenantControlPlane: most often
+		// Kamaji's webhook refuses it (a DataStore that does not exist, a
+		// version Kamaji does not serve), and waiting changes nothing, so
+		// say why rather than "waiting".
+		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonProviderError,
+			Message: "the Kamaji control-plane provider reports TenantControlPlaneCreated False: " + firstLine(cp.NotCreated)}
 	case cp.Status != "" && cp.Status != tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
 			Message: upgradeMessage(cp, v, tc.Spec.Version)}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -85,6 +86,23 @@ func withMD0(md *clusterv1.MachineDeployment) func() Observed {
 	}
 }
 
+// refused is u with the Kamaji provider's TenantControlPlaneCreated
+// condition False at u's generation, as the provider (v0.20.0's
+// TrackConditionType) sets it when it cannot write the TenantControlPlane.
+func refused(u *unstructured.Unstructured, msg string) *unstructured.Unstructured {
+	u.SetGeneration(2)
+	status, _, _ := unstructured.NestedMap(u.Object, "status")
+	if status == nil {
+		status = map[string]any{}
+	}
+	status["conditions"] = []any{
+		map[string]any{"type": "Available", "status": "False", "reason": "NotAvailable", "message": "", "observedGeneration": int64(2)},
+		map[string]any{"type": "TenantControlPlaneCreated", "status": "False", "reason": "Pending", "message": msg, "observedGeneration": int64(2)},
+	}
+	u.Object["status"] = status
+	return u
+}
+
 func TestComputeStatus(t *testing.T) {
 	type want struct {
 		phase                       v1.Phase
@@ -150,6 +168,47 @@ func TestComputeStatus(t *testing.T) {
 			controlPlane: "False/Upgrading: the control plane is upgrading from v1.36.2 to v1.37.0",
 			workersC:     "False/Upgrading: node groups not yet at v1.37.0: md0 (at v1.36.2), auto (at v1.36.2)",
 			add:          "True/Available", ready: "False/NotReady",
+		}},
+		// As the Kamaji provider reports Kamaji's webhook refusing the
+		// TenantControlPlane of a DataStore that does not exist
+		// (TestKamajiServesATenant reads the same condition).
+		{name: "DataStore does not exist", o: func() Observed {
+			return Observed{ControlPlane: refused(kcp("v1.37.0", "", false),
+				"cannot create or update TenantControlPlane: admission webhook \"vtenantcontrolplane.kb.io\" denied the request: gone DataStore does not exist")}
+		}, want: want{
+			phase: v1.PhaseProvisioning, workers: "0/4",
+			controlPlane: "False/ProviderError: the Kamaji control-plane provider reports TenantControlPlaneCreated False: cannot create or update TenantControlPlane: admission webhook \"vtenantcontrolplane.kb.io\" denied the request: gone DataStore does not exist",
+			workersC:     "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady: ControlPlaneReady: the Kamaji control-plane provider reports",
+		}},
+		// An upgrade Kamaji refuses is not shown as one under way.
+		{name: "upgrade refused", prior: v1.PhaseReady, o: func() Observed {
+			o := healthy()
+			o.ControlPlane = refused(kcp("v1.37.0", "v1.36.2", true), "version v1.37.0 is not supported\nsecond line")
+			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
+			o.MachineDeployments["auto"] = readyMD("v1.36.2", 2, 2)
+			return o
+		}, want: want{
+			phase: v1.PhaseUpgrading, workers: "5/5",
+			controlPlane: "False/ProviderError: the Kamaji control-plane provider reports TenantControlPlaneCreated False: version v1.37.0 is not supported",
+			workersC:     "False/Upgrading", add: "True/Available", ready: "False/NotReady",
+		}},
+		// A running control plane stays Available when a later change to it
+		// is refused (the tenant still serves).
+		{name: "ready, a change refused", prior: v1.PhaseReady, o: func() Observed {
+			o := healthy()
+			o.ControlPlane = refused(o.ControlPlane, "spec.network.advertiseAddress is not supported")
+			return o
+		}, want: want{
+			phase: v1.PhaseReady, workers: "5/5", controlPlane: "True/Available", workersC: "True/Available", add: "True/Available", ready: "True/Available",
+		}},
+		// A refusal of an earlier spec says nothing of the current one.
+		{name: "refused at an earlier generation", o: func() Observed {
+			u := refused(kcp("v1.37.0", "", false), "gone DataStore does not exist")
+			u.SetGeneration(3)
+			return Observed{ControlPlane: u}
+		}, want: want{
+			phase: v1.PhaseProvisioning, workers: "0/4", controlPlane: "False/Provisioning: waiting for the Kamaji control plane",
+			workersC: "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady",
 		}},
 		{name: "a worker lost after being ready", prior: v1.PhaseReady, o: withMD0(readyMD("v1.37.0", 2, 3)), want: want{
 			phase: v1.PhaseDegraded, workers: "4/5", controlPlane: "True/Available",
