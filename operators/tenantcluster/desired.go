@@ -239,8 +239,10 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster, version, dnsServiceIP strin
 // tenant's, which a mirror cannot know before the tenant exists; the
 // images must be in an air-gapped rack's mirror (`images list` names
 // them, hack/kamaji.sh builds them). One version for every tenant: its
-// server speaks to API servers of v1.30 (TestKamajiServesATenant) and
-// its gRPC protocol has not changed since.
+// server serves a v1.30 API server (TestKamajiServesATenant), and the
+// protocol an API server speaks to it (konnectivity-client's
+// client.proto) gained only a message between server and agent (DRAIN)
+// from v1.30's client (v0.29.0) to v1.36's (v0.34.0).
 const (
 	KonnectivityVersion     = "v0.34.0"
 	KonnectivityServerImage = "registry.k8s.io/kas-network-proxy/proxy-server"
