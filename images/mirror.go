@@ -87,8 +87,8 @@ type Result struct {
 // Mirror copies every image of o.Refs from o.Source into o.Registry as
 // HOST/REPO:TAG → REGISTRY/HOST/REPO:TAG (imageref.Ref.In). An image whose
 // manifest digest the registry already has under that name is not copied
-// again, and blobs the registry has are not uploaded again, so an
-// interrupted run resumes. Every image is tried; the error names each one
+// again, so an interrupted run resumes; a blob an image found or copied
+// in this run holds is mounted, not uploaded again (blobHomes). Every image is tried; the error names each one
 // that failed and why. Results come in the order of o.Refs.
 func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	if o.Source == nil {
@@ -100,36 +100,56 @@ func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	if strings.Trim(cmp.Or(o.ChartPath, DefaultChartPath), "/") != cmp.Or(o.ChartPath, DefaultChartPath) {
 		return nil, fmt.Errorf("mirror: chart path %q: a repository path without leading or trailing /", o.ChartPath)
 	}
+	// Two passes: first what the registry already has (and so where
+	// its blobs are), then the copies, so that no image uploads a blob
+	// an image found in the registry holds.
 	type job struct {
-		what Result // what it copies, for a run cancelled before its start
-		run  func() Result
+		what  Result // what it copies, for a run cancelled before its start
+		check func() (Result, func() Result)
+		write func() Result // nil once check has the result
 	}
 	jobs := make([]job, 0, len(o.Refs)+len(o.Charts))
+	homes := newBlobHomes()
 	for _, s := range o.Refs {
-		jobs = append(jobs, job{Result{Image: s}, func() Result { return mirrorImage(ctx, o, s) }})
+		jobs = append(jobs, job{what: Result{Image: s}, check: func() (Result, func() Result) { return mirrorImage(ctx, o, homes, s) }})
 	}
 	for _, c := range o.Charts {
-		jobs = append(jobs, job{Result{Chart: c.Name + " " + c.Version}, func() Result { return mirrorChart(ctx, o, c) }})
+		jobs = append(jobs, job{what: Result{Chart: c.Name + " " + c.Version}, check: func() (Result, func() Result) { return mirrorChart(ctx, o, homes, c) }})
 	}
 	results := make([]Result, len(jobs))
 	sem := make(chan struct{}, cmp.Or(o.Jobs, DefaultJobs))
-	var wg sync.WaitGroup
-	for i, job := range jobs {
-		wg.Go(func() {
-			select {
-			case sem <- struct{}{}:
-				defer func() { <-sem }()
-			case <-ctx.Done():
-				results[i] = failed(job.what, ctx.Err())
-				return
-			}
-			results[i] = job.run()
-			if o.Progress != nil {
-				o.Progress(results[i])
-			}
-		})
+	pass := func(run func(i int)) {
+		var wg sync.WaitGroup
+		for i := range jobs {
+			wg.Go(func() {
+				select {
+				case sem <- struct{}{}:
+					defer func() { <-sem }()
+				case <-ctx.Done():
+					results[i], jobs[i].write = failed(jobs[i].what, ctx.Err()), nil
+					return
+				}
+				run(i)
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	done := func(i int) {
+		if o.Progress != nil {
+			o.Progress(results[i])
+		}
+	}
+	pass(func(i int) {
+		if results[i], jobs[i].write = jobs[i].check(); jobs[i].write == nil {
+			done(i)
+		}
+	})
+	pass(func(i int) {
+		if jobs[i].write != nil {
+			results[i] = jobs[i].write()
+			done(i)
+		}
+	})
 	var errs []error
 	for _, r := range results {
 		if r.Status == StatusFailed {
@@ -150,25 +170,25 @@ func (r Result) What() string {
 	return r.Image
 }
 
-func mirrorImage(ctx context.Context, o MirrorOptions, s string) Result {
+func mirrorImage(ctx context.Context, o MirrorOptions, homes *blobHomes, s string) (Result, func() Result) {
 	res := Result{Image: s}
 	ref, err := imageref.Parse(s)
 	if err != nil {
-		return failed(res, err)
+		return failed(res, err), nil
 	}
 	res.Image = ref.String()
 	target, err := ref.In(o.Registry)
 	if err != nil {
-		return failed(res, err)
+		return failed(res, err), nil
 	}
 	res.Target = target.String()
-	return copyArtifact(ctx, o, res, func() (*Artifact, error) { return o.Source.Get(ctx, ref) })
+	return copyArtifact(ctx, o, homes, res, func() (*Artifact, error) { return o.Source.Get(ctx, ref) })
 }
 
-func mirrorChart(ctx context.Context, o MirrorOptions, c MirrorChart) Result {
+func mirrorChart(ctx context.Context, o MirrorOptions, homes *blobHomes, c MirrorChart) (Result, func() Result) {
 	res := Result{Chart: c.Name + " " + c.Version}
 	res.Target = o.Registry + "/" + cmp.Or(o.ChartPath, DefaultChartPath) + "/" + c.Name + ":" + ChartTag(c.Version)
-	return copyArtifact(ctx, o, res, func() (*Artifact, error) {
+	return copyArtifact(ctx, o, homes, res, func() (*Artifact, error) {
 		d, err := c.Image.Digest()
 		return &Artifact{Digest: d, Image: c.Image}, err
 	})
@@ -179,10 +199,12 @@ func failed(res Result, err error) Result {
 	return res
 }
 
-// copyArtifact copies what get gives to res.Target, unless the registry
-// already has that digest there.
-func copyArtifact(ctx context.Context, o MirrorOptions, res Result, get func() (*Artifact, error)) Result {
-	fail := func(err error) Result { return failed(res, err) }
+// copyArtifact checks whether the registry has what get gives at
+// res.Target: if so, or if it fails, it returns the result; if not, the
+// function that copies it there, mounting the blobs homes knows in
+// another of the registry's repositories.
+func copyArtifact(ctx context.Context, o MirrorOptions, homes *blobHomes, res Result, get func() (*Artifact, error)) (Result, func() Result) {
+	fail := func(err error) (Result, func() Result) { return failed(res, err), nil }
 	target := res.Target
 	var nameOpts []name.Option
 	if o.Insecure {
@@ -201,6 +223,10 @@ func copyArtifact(ctx context.Context, o MirrorOptions, res Result, get func() (
 		return fail(err)
 	}
 	res.Digest = art.Digest.String()
+	blobs, err := blobsOf(art)
+	if err != nil {
+		return fail(err)
+	}
 
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
@@ -211,27 +237,36 @@ func copyArtifact(ctx context.Context, o MirrorOptions, res Result, get func() (
 	var te *transport.Error
 	switch {
 	case err == nil && head.Digest == art.Digest:
+		homes.found(dst.Context(), blobs)
 		res.Status = StatusPresent
-		return res
+		return res, nil
 	case err != nil && !errors.As(err, &te):
 		// Not an answer from the registry: it is not reachable.
 		return fail(fmt.Errorf("registry %s: %w", o.Registry, err))
 	}
 	// Absent, another digest under this tag, or the registry would not
 	// say (401/403 on HEAD): the push gives the real answer.
-	if art.Index != nil {
-		err = remote.WriteIndex(dst, art.Index, ropts...)
-	} else {
-		err = remote.Write(dst, art.Image, ropts...)
-	}
-	if err != nil {
+	return res, func() Result {
+		fail := func(err error) Result { return failed(res, err) }
+		mounts, done, err := homes.reserve(ctx, dst.Context(), blobs)
+		if err != nil {
+			return fail(err)
+		}
+		if art.Index != nil {
+			err = remote.WriteIndex(dst, mountIndex{art.Index, mounts}, ropts...)
+		} else {
+			err = remote.Write(dst, mountImage{art.Image, mounts}, ropts...)
+		}
+		done(err == nil)
+		var te *transport.Error
 		if errors.As(err, &te) {
 			return fail(fmt.Errorf("push to %s refused: %s", target, answer(te)))
+		} else if err != nil {
+			return fail(fmt.Errorf("push to %s: %w", target, err))
 		}
-		return fail(fmt.Errorf("push to %s: %w", target, err))
+		res.Status = StatusCopied
+		return res
 	}
-	res.Status = StatusCopied
-	return res
 }
 
 // answer is a registry's refusal as a person reads it: the HTTP status

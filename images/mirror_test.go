@@ -9,15 +9,20 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"cozy.dev/cozy/images/registry"
 	"cozy.dev/cozy/internal/imageref"
@@ -430,4 +435,229 @@ func FuzzLayoutRefs(f *testing.F) {
 func parseCanonical(s string) (string, error) {
 	r, err := imageref.Parse(s)
 	return r.String(), err
+}
+
+// uploads records what a mirror run sends the registry: the blobs whose
+// bytes it uploaded (an upload session finished with PUT ?digest=) and
+// those it mounted from another repository of the registry (no bytes).
+type uploads struct {
+	mu               sync.Mutex
+	uploaded, mounts []string
+}
+
+func (u *uploads) RoundTrip(req *http.Request) (*http.Response, error) {
+	q := req.URL.Query()
+	u.mu.Lock()
+	switch {
+	case req.Method == http.MethodPut && strings.Contains(req.URL.Path, "/blobs/uploads/"):
+		u.uploaded = append(u.uploaded, q.Get("digest"))
+	case req.Method == http.MethodPost && q.Get("mount") != "":
+		u.mounts = append(u.mounts, q.Get("mount"))
+	}
+	u.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// A blob the registry holds is not uploaded again: an image that shares
+// layers with one mirrored before sends only its own layer and config.
+func TestMirrorUploadsABlobOnce(t *testing.T) {
+	reg := startRegistry(t)
+	base, err := random.Image(4096, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra, err := random.Layer(4096, types.OCILayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	derived, err := mutate.AppendLayers(base, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arts := map[string]*Artifact{}
+	for ref, img := range map[string]v1.Image{"registry.k8s.io/base:1": base, "quay.io/derived/image:1": derived} {
+		d, err := img.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		arts[ref] = &Artifact{Digest: d, Image: img}
+	}
+	src, err := OpenLayout(writeLayout(t, arts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(refs ...string) *uploads {
+		t.Helper()
+		u := &uploads{}
+		if _, err := Mirror(context.Background(), MirrorOptions{Registry: reg, Insecure: true, Source: src, Refs: refs, Transport: u}); err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(u.uploaded)
+		return u
+	}
+	digests := func(hs ...v1.Hash) []string {
+		var out []string
+		for _, h := range hs {
+			out = append(out, h.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	layers := func(img v1.Image) []v1.Hash {
+		ls, err := img.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []v1.Hash
+		for _, l := range ls {
+			d, err := l.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, d)
+		}
+		return out
+	}
+	baseConfig, _ := base.ConfigName()
+	derivedConfig, _ := derived.ConfigName()
+	extraDigest, _ := extra.Digest()
+
+	if u := run("registry.k8s.io/base:1"); !slices.Equal(u.uploaded, digests(append(layers(base), baseConfig)...)) {
+		t.Fatalf("first run uploaded %v; want base's three layers and config", u.uploaded)
+	}
+	u := run("registry.k8s.io/base:1", "quay.io/derived/image:1")
+	if want := digests(extraDigest, derivedConfig); !slices.Equal(u.uploaded, want) {
+		t.Errorf("second run uploaded %v; want only the derived image's own layer and config %v", u.uploaded, want)
+	}
+	t.Logf("second run: uploaded %d blobs, mounted %d from the base's repository", len(u.uploaded), len(u.mounts))
+	if got, err := pulled(t, reg+"/quay.io/derived/image:1"); err != nil || got != arts["quay.io/derived/image:1"].Digest {
+		t.Errorf("pull the derived image: %s %v", got, err)
+	}
+}
+
+// In one run too, with the images copied at once: a blob two images
+// share, or an index mirrored under two names, is uploaded once and
+// mounted for the other.
+func TestMirrorUploadsASharedBlobOnceInOneRun(t *testing.T) {
+	base, err := random.Image(4096, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra, err := random.Layer(4096, types.OCILayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	derived, err := mutate.AppendLayers(base, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := artifact(t, true)
+	arts := map[string]*Artifact{"ghcr.io/one/index:1": idx, "docker.io/two/index:1": idx}
+	for ref, img := range map[string]v1.Image{"registry.k8s.io/base:1": base, "quay.io/derived/image:1": derived} {
+		d, _ := img.Digest()
+		arts[ref] = &Artifact{Digest: d, Image: img}
+	}
+	unique := map[string]bool{}
+	var refs []string
+	for ref, a := range arts {
+		refs = append(refs, ref)
+		blobs, err := blobsOf(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blobs {
+			unique[b.String()] = true
+		}
+	}
+	src, err := OpenLayout(writeLayout(t, arts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := startRegistry(t)
+	u := &uploads{}
+	if _, err := Mirror(context.Background(), MirrorOptions{Registry: reg, Insecure: true, Source: src, Refs: refs, Transport: u}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, d := range u.uploaded {
+		if seen[d]++; seen[d] == 2 {
+			t.Errorf("blob %s uploaded twice", d)
+		}
+	}
+	if len(seen) != len(unique) {
+		t.Errorf("uploaded %d distinct blobs; the images have %d", len(seen), len(unique))
+	}
+	t.Logf("%d blobs uploaded, %d mounted", len(u.uploaded), len(u.mounts))
+	for ref, a := range arts {
+		if got, err := pulled(t, reg+"/"+ref); err != nil || got != a.Digest {
+			t.Errorf("pull %s: %s %v; want %s", ref, got, err, a.Digest)
+		}
+	}
+}
+
+// inFlight holds each blob upload (an upload session's POST until its
+// PUT has been answered) until want are in flight at once, or a while
+// has passed, the first time; it records the most it saw.
+type inFlight struct {
+	want    int
+	mu      sync.Mutex
+	n, most int
+	full    chan struct{}
+}
+
+func (f *inFlight) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch {
+	case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/blobs/uploads/"):
+		f.mu.Lock()
+		f.n++
+		f.most = max(f.most, f.n)
+		if f.n == f.want {
+			select {
+			case <-f.full:
+			default:
+				close(f.full)
+			}
+		}
+		f.mu.Unlock()
+		select {
+		case <-f.full:
+		case <-time.After(10 * time.Second): // fewer at once than want: the test fails on most
+		}
+	case req.Method == http.MethodPut && strings.Contains(req.URL.Path, "/blobs/uploads/"):
+		defer func() {
+			f.mu.Lock()
+			f.n--
+			f.mu.Unlock()
+		}()
+	}
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// Mirror copies DefaultJobs images at once, each with four blobs at
+// once (go-containerregistry's default), and never more.
+func TestMirrorConcurrency(t *testing.T) {
+	reg := startRegistry(t)
+	arts := map[string]*Artifact{}
+	var refs []string
+	for i := range DefaultJobs + 2 {
+		img, err := random.Image(1024, 6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := img.Digest()
+		ref := fmt.Sprintf("registry.k8s.io/image%d:1", i)
+		arts[ref], refs = &Artifact{Digest: d, Image: img}, append(refs, ref)
+	}
+	src, err := OpenLayout(writeLayout(t, arts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blobsAtOnce = 4
+	f := &inFlight{want: DefaultJobs * blobsAtOnce, full: make(chan struct{})}
+	if _, err := Mirror(context.Background(), MirrorOptions{Registry: reg, Insecure: true, Source: src, Refs: refs, Transport: f}); err != nil {
+		t.Fatal(err)
+	}
+	if f.most != DefaultJobs*blobsAtOnce {
+		t.Errorf("at most %d blob uploads at once; want %d (%d images × %d blobs)", f.most, DefaultJobs*blobsAtOnce, DefaultJobs, blobsAtOnce)
+	}
 }
