@@ -458,22 +458,28 @@ func (u *uploads) RoundTrip(req *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(req)
 }
 
-// A blob the registry holds is not uploaded again: an image that shares
-// layers with one mirrored before sends only its own layer and config.
-func TestMirrorUploadsABlobOnce(t *testing.T) {
-	reg := startRegistry(t)
+// sharingImages are a random image of three layers, a random layer, and
+// the image with that layer added: the two images share three layers.
+func sharingImages(t *testing.T) (base v1.Image, extra v1.Layer, derived v1.Image) {
+	t.Helper()
 	base, err := random.Image(4096, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	extra, err := random.Layer(4096, types.OCILayer)
-	if err != nil {
+	if extra, err = random.Layer(4096, types.OCILayer); err != nil {
 		t.Fatal(err)
 	}
-	derived, err := mutate.AppendLayers(base, extra)
-	if err != nil {
+	if derived, err = mutate.AppendLayers(base, extra); err != nil {
 		t.Fatal(err)
 	}
+	return base, extra, derived
+}
+
+// A blob the registry holds is not uploaded again: an image that shares
+// layers with one mirrored before sends only its own layer and config.
+func TestMirrorUploadsABlobOnce(t *testing.T) {
+	reg := startRegistry(t)
+	base, extra, derived := sharingImages(t)
 	arts := map[string]*Artifact{}
 	for ref, img := range map[string]v1.Image{"registry.k8s.io/base:1": base, "quay.io/derived/image:1": derived} {
 		d, err := img.Digest()
@@ -539,18 +545,7 @@ func TestMirrorUploadsABlobOnce(t *testing.T) {
 // share, or an index mirrored under two names, is uploaded once and
 // mounted for the other.
 func TestMirrorUploadsASharedBlobOnceInOneRun(t *testing.T) {
-	base, err := random.Image(4096, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	extra, err := random.Layer(4096, types.OCILayer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	derived, err := mutate.AppendLayers(base, extra)
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, _, derived := sharingImages(t)
 	idx := artifact(t, true)
 	arts := map[string]*Artifact{"ghcr.io/one/index:1": idx, "docker.io/two/index:1": idx}
 	for ref, img := range map[string]v1.Image{"registry.k8s.io/base:1": base, "quay.io/derived/image:1": derived} {
