@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -206,6 +207,32 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 	rs, _, code = mirror("--insecure")
 	if code != 0 || len(rs) != len(list) || rs[0].Status != images.StatusPresent {
 		t.Errorf("after a restart on the same --dir: exit %d, %+v; want everything present", code, rs)
+	}
+
+	// Without --rack: every image of the layout, one that the rack does
+	// not need too, in a table of what went where.
+	const extra = "docker.io/library/extra:1"
+	if p, err := layout.FromPath(lay); err != nil {
+		t.Fatal(err)
+	} else if im, err := random.Image(256, 1); err != nil {
+		t.Fatal(err)
+	} else if err := p.AppendImage(im, layout.WithAnnotations(map[string]string{images.AnnotationRefName: extra})); err != nil {
+		t.Fatal(err)
+	}
+	table, stderr, code := run("images", "mirror", "--from", lay, "--to", reg.addr, "--insecure")
+	rows := map[string]string{}
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) == 3 && f[1] == reg.addr+"/"+f[0] {
+			rows[f[0]] = f[2]
+		}
+	}
+	wantRows := map[string]string{extra: images.StatusCopied}
+	for _, img := range list {
+		wantRows[img.Ref] = images.StatusPresent
+	}
+	if code != 0 || strings.Join(strings.Fields(lines[0]), " ") != "IMAGE OR CHART IN THE REGISTRY STATUS" || len(lines) != len(wantRows)+1 || !maps.Equal(rows, wantRows) {
+		t.Errorf("images mirror without --rack: exit %d, table:\n%s\nwant a header and a row for each of %v\n%s", code, table, wantRows, stderr)
 	}
 
 	_, stderr, code = mirror()
