@@ -5,9 +5,11 @@ package talosnode_test
 import (
 	"context"
 	stdx509 "crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -24,6 +26,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
@@ -39,14 +42,16 @@ func TestBootstrap(t *testing.T) {
 	addr := loopbackAddress(t)
 	stateDir := t.TempDir()
 	n := startNodeProcess(t, addr, stateDir, assets)
+	logs := []string{n.log}
 	cl := newCluster(t, addr)
 	tc := cl.talosconfig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	waitMaintenance(t, n)
+	applied := cl.machineConfig(t, "cp1")
 	if _, err := insecureClient(t, n.endpoint()).ApplyConfiguration(ctx, &machine.ApplyConfigurationRequest{
-		Data: cl.machineConfig(t, "cp1"), Mode: machine.ApplyConfigurationRequest_REBOOT,
+		Data: applied, Mode: machine.ApplyConfigurationRequest_REBOOT,
 	}); err != nil {
 		t.Fatalf("ApplyConfiguration: %v", err)
 	}
@@ -101,6 +106,7 @@ func TestBootstrap(t *testing.T) {
 	parent := t
 	t.Run("restarted from its disk, the node runs them again", func(t *testing.T) {
 		n = startNodeProcess(parent, addr, stateDir, assets) // runs until the end of the whole test
+		logs = append(logs, n.log)
 		waitConfigured(t, n, tc)
 		waitAPIServer(t, kubeconfig)
 		assertBootstrapRefused(ctx, t, configClient(t, tc, n.endpoint()))
@@ -130,6 +136,75 @@ func TestBootstrap(t *testing.T) {
 			}
 		}
 	})
+
+	// The node ran with --debug (every request logged) through an apply,
+	// a bootstrap, a restart and a reset: none of its logs, nor etcd's
+	// or kube-apiserver's, holds a secret of the machine config.
+	t.Run("no log holds a secret of the machine config", func(t *testing.T) {
+		for _, name := range []string{"etcd.log", "kube-apiserver.log"} {
+			logs = append(logs, filepath.Join(stateDir, talosnode.LogDir, name))
+		}
+		needles := configSecrets(t, applied)
+		for _, path := range logs {
+			log, err := os.ReadFile(path)
+			if err != nil {
+				t.Errorf("%s: %v", path, err)
+				continue
+			}
+			for what, needle := range needles {
+				if strings.Contains(string(log), needle) {
+					t.Errorf("%s (%d bytes) holds %s", filepath.Base(path), len(log), what)
+				}
+			}
+		}
+		t.Logf("%d logs searched for %d secrets", len(logs), len(needles))
+	})
+}
+
+// configSecrets finds a machine config's secrets (every string of 16
+// characters or more under a key named like key, token or secret: the CA
+// keys, the tokens, the encryption and cluster secrets) and returns what
+// would betray each in a log: its value and, for a base64 PEM key, a
+// line of the decoded PEM, by a name that does not.
+func configSecrets(t *testing.T, cfg []byte) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, c := range v {
+				walk(path+"."+k, c)
+			}
+		case []any:
+			for i, c := range v {
+				walk(fmt.Sprintf("%s[%d]", path, i), c)
+			}
+		case string:
+			leaf := strings.ToLower(path[strings.LastIndex(path, ".")+1:])
+			if len(v) < 16 || !(leaf == "key" || strings.Contains(leaf, "token") || strings.Contains(leaf, "secret")) {
+				return
+			}
+			out[path] = v
+			if raw, err := base64.StdEncoding.DecodeString(v); err == nil {
+				if block, _ := pem.Decode(raw); block != nil {
+					lines := strings.Split(string(raw), "\n")
+					out[path+" (decoded)"] = lines[1] // the first line of the key's body
+				}
+			}
+		}
+	}
+	for _, doc := range strings.Split(string(cfg), "\n---\n") {
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			t.Fatalf("the machine config: %v", err)
+		}
+		walk("", m)
+	}
+	if len(out) < 8 {
+		t.Fatalf("found only %d secrets in the machine config: %v", len(out), slices.Collect(maps.Keys(out)))
+	}
+	return out
 }
 
 func assertBootstrapRefused(ctx context.Context, t *testing.T, c *client.Client) {
@@ -202,6 +277,7 @@ type nodeProcess struct {
 	addr netip.Addr
 	cmd  *exec.Cmd
 	done chan struct{}
+	log  string // its stdout and stderr
 }
 
 func (p *nodeProcess) endpoint() string {
@@ -224,13 +300,14 @@ func startNodeProcess(t *testing.T, addr netip.Addr, stateDir, assets string) *n
 		"--etcd", filepath.Join(assets, "etcd"),
 		"--kube-apiserver", filepath.Join(assets, "kube-apiserver"),
 		"--reboot-delay", "200ms",
+		"--debug",
 	)
 	cmd.Env = append(os.Environ(), runNodeEnv+"=1")
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &nodeProcess{addr: addr, cmd: cmd, done: make(chan struct{})}
+	p := &nodeProcess{addr: addr, cmd: cmd, done: make(chan struct{}), log: logPath}
 	go func() {
 		_ = cmd.Wait()
 		out.Close()
