@@ -435,6 +435,14 @@ func TestControlPlaneLeasesMove(t *testing.T) {
 // mirror` does.
 func startMirror(t *testing.T, ns *netnstest.NS, addr, layout string) {
 	t.Helper()
+	serveRegistry(t, ns, addr)
+	mirrorLayout(t, context.Background(), ns, addr, layout, nil)
+}
+
+// serveRegistry serves an empty registry on addr inside ns until the
+// test ends.
+func serveRegistry(t *testing.T, ns *netnstest.NS, addr string) {
+	t.Helper()
 	var srv *registry.Server
 	if err := ns.Do(func() (err error) {
 		srv, err = registry.Listen(addr, t.TempDir(), nodeLogger(t, "registry"))
@@ -451,7 +459,6 @@ func startMirror(t *testing.T, ns *netnstest.NS, addr, layout string) {
 			t.Errorf("registry: %v", err)
 		}
 	})
-	mirrorLayout(t, ctx, ns, addr, layout, nil)
 }
 
 // mirrorLayout pushes every image of an OCI layout, and charts, to the

@@ -66,7 +66,8 @@ const (
 // user-data, and Cozy's worker image boots with it under QEMU in the
 // worker node's network namespace (as KubeVirt runs a VM in a pod): its
 // Node registers in the tenant; its containerd pulls through the mirror
-// cozy-operator's user-data names; with a CNI (flannel) the Node is Ready
+// cozy-operator's user-data names, and through the registries.mirrors
+// endpoint it names for a registry the mirror does not stand in for; with a CNI (flannel) the Node is Ready
 // and runs a pod, and the tenant's API server reaches its kubelet (logs,
 // exec) through the Konnectivity agent Kamaji puts on it. The tenant's keys sit under its own prefix in the
 // DataStore, readable by its own etcd user and no other prefix; once its
@@ -110,6 +111,7 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	c := startCluster(t, ctx, "controlplane", "worker")
 	cl := clusterClient(t, c)
 	mirrorLayout(t, ctx, c.sw, mirrorAddr, filepath.Join(kamaji, "images"), nil)
+	startMirrorsEndpoint(ctx, t, c.sw)
 
 	// The DataStore: etcd on the LAN, TLS with client certificates, auth
 	// on with a root user, as the kamaji-etcd chart makes it.
@@ -475,6 +477,35 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		return nil
 	})
 	t.Logf("logs and exec reached the worker's kubelet through Konnectivity %s after the probe pod was created", time.Since(probeStart).Round(time.Second))
+
+	// An image of a registry the rack's registries.mirror does not stand
+	// in for comes through its registries.mirrors endpoint: the hosts.toml
+	// the operator's user-data wrote for that host (the host itself does
+	// not resolve, so no other way would do).
+	pod := filepath.Join(t.TempDir(), "through-mirrors.yaml")
+	if err := os.WriteFile(pod, []byte(`apiVersion: v1
+kind: Pod
+metadata: {name: through-mirrors, namespace: default}
+spec:
+  tolerations: [{operator: Exists}]
+  containers: [{name: busybox, image: `+mirrorsImage+`, command: [sleep, "3600"]}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tenantKubectl("apply", "-f", pod); err != nil {
+		t.Fatalf("%s %v", out, err)
+	}
+	poll.Within(t, 3*time.Minute, time.Second, "a pod of "+mirrorsImage+" running", func() error {
+		out, err := tenantKubectl("get", "pod", "through-mirrors", "-o", `jsonpath={.status.phase} {.status.containerStatuses[0].image}`)
+		if err != nil {
+			return err
+		}
+		if out != "Running "+mirrorsImage {
+			return fmt.Errorf("pod through-mirrors: %q", out)
+		}
+		return nil
+	})
+	t.Logf("a pod of %s ran, pulled through the registries.mirrors endpoint %s", mirrorsImage, mirrorsAddr)
 
 	// Its state is in the DataStore under its own prefix, and its own
 	// user may read only that.

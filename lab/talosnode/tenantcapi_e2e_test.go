@@ -5,6 +5,7 @@ package talosnode_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	ggcrv1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -24,6 +29,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"cozy.dev/cozy/internal/testing/clustertest"
+	"cozy.dev/cozy/internal/testing/netnstest"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/internal/testing/workertest"
@@ -333,6 +340,7 @@ func applyChildren(ctx context.Context, t *testing.T, cl client.Client, tc *v1.T
 	t.Helper()
 	children, err := tenantcluster.Desired(tc, tc.Spec.Version, tenantcluster.WorkerImages{
 		Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://" + mirrorAddr,
+		Mirrors: map[string][]string{mirrorsHost: {"http://" + mirrorsAddr}},
 	})
 	if err != nil {
 		t.Fatalf("the operator's children: %v", err)
@@ -346,6 +354,51 @@ func applyChildren(ctx context.Context, t *testing.T, cl client.Client, tc *v1.T
 		}
 	}
 	return children
+}
+
+// A registry none of the rack's registries.mirror stands in for, which
+// the workers reach through the rack's registries.mirrors: an endpoint on
+// the LAN serving its images at their own paths, as a pull-through cache
+// or a private registry's address does.
+const (
+	mirrorsHost  = "registry.cozy.test"
+	mirrorsAddr  = clusterSubnet + ".1:5001"
+	mirrorsImage = mirrorsHost + "/probe/busybox:1.35.0"
+)
+
+// startMirrorsEndpoint serves mirrorsHost's endpoint on the LAN with one
+// image, mirrorsImage: the lab's busybox with a label added to its
+// config, so that it is an image of its own (an image ID no other name
+// has) whose config only that endpoint serves.
+func startMirrorsEndpoint(ctx context.Context, t *testing.T, ns *netnstest.NS) {
+	t.Helper()
+	serveRegistry(t, ns, mirrorsAddr)
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithTransport(&http.Transport{DialContext: ns.DialContext}),
+		remote.WithPlatform(ggcrv1.Platform{OS: "linux", Architecture: "amd64"})}
+	src, err := name.ParseReference(mirrorAddr+"/"+clustertest.Busybox, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := name.ParseReference(mirrorsAddr+"/"+strings.TrimPrefix(mirrorsImage, mirrorsHost+"/"), name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(src, opts...)
+	if err != nil {
+		t.Fatalf("%s: %v", src, err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.DeepCopy()
+	cfg.Config.Labels = map[string]string{"cozy.dev/pulled-through": "registries.mirrors"}
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(dst, img, opts...); err != nil {
+		t.Fatalf("%s to %s: %v", src, dst, err)
+	}
 }
 
 // joinWorker waits for the Machine Cluster API's core manager makes for
