@@ -70,6 +70,15 @@ func healthy() Observed {
 	}
 }
 
+// midUpgrade is healthy at v1.36.2, asked for v1.37.0.
+func midUpgrade() Observed {
+	o := healthy()
+	o.ControlPlane = kcp("v1.37.0", "v1.36.2", true)
+	o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
+	o.MachineDeployments["auto"] = readyMD("v1.36.2", 2, 2)
+	return o
+}
+
 // withoutAuto is healthy but for group auto, not created yet.
 func withoutAuto() Observed {
 	o := healthy()
@@ -101,6 +110,15 @@ func refused(u *unstructured.Unstructured, msg string) *unstructured.Unstructure
 	}
 	u.Object["status"] = status
 	return u
+}
+
+// refusedIn is o with its control plane refused with msg.
+func refusedIn(o func() Observed, msg string) func() Observed {
+	return func() Observed {
+		obs := o()
+		obs.ControlPlane = refused(obs.ControlPlane, msg)
+		return obs
+	}
 }
 
 func TestComputeStatus(t *testing.T) {
@@ -157,13 +175,7 @@ func TestComputeStatus(t *testing.T) {
 			phase: v1.PhaseReady, workers: "5/5", controlPlane: "True/Available: the control plane runs v1.37.0",
 			workersC: "True/Available: 5/5", add: "True/Available: add-ons ready: cilium, metrics-server", ready: "True/Available",
 		}},
-		{name: "control plane upgrading", prior: v1.PhaseReady, o: func() Observed {
-			o := healthy()
-			o.ControlPlane = kcp("v1.37.0", "v1.36.2", true)
-			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
-			o.MachineDeployments["auto"] = readyMD("v1.36.2", 2, 2)
-			return o
-		}, want: want{
+		{name: "control plane upgrading", prior: v1.PhaseReady, o: midUpgrade, want: want{
 			phase: v1.PhaseUpgrading, workers: "5/5",
 			controlPlane: "False/Upgrading: the control plane is upgrading from v1.36.2 to v1.37.0",
 			workersC:     "False/Upgrading: node groups not yet at v1.37.0: md0 (at v1.36.2), auto (at v1.36.2)",
@@ -181,24 +193,14 @@ func TestComputeStatus(t *testing.T) {
 			workersC:     "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady: ControlPlaneReady: the Kamaji control-plane provider reports",
 		}},
 		// An upgrade Kamaji refuses is not shown as one under way.
-		{name: "upgrade refused", prior: v1.PhaseReady, o: func() Observed {
-			o := healthy()
-			o.ControlPlane = refused(kcp("v1.37.0", "v1.36.2", true), "version v1.37.0 is not supported\nsecond line")
-			o.MachineDeployments["md0"] = readyMD("v1.36.2", 3, 3)
-			o.MachineDeployments["auto"] = readyMD("v1.36.2", 2, 2)
-			return o
-		}, want: want{
+		{name: "upgrade refused", prior: v1.PhaseReady, o: refusedIn(midUpgrade, "version v1.37.0 is not supported\nsecond line"), want: want{
 			phase: v1.PhaseUpgrading, workers: "5/5",
 			controlPlane: "False/ProviderError: the Kamaji control-plane provider reports TenantControlPlaneCreated False: version v1.37.0 is not supported",
 			workersC:     "False/Upgrading", add: "True/Available", ready: "False/NotReady",
 		}},
 		// A running control plane stays Available when a later change to it
 		// is refused (the tenant still serves).
-		{name: "ready, a change refused", prior: v1.PhaseReady, o: func() Observed {
-			o := healthy()
-			o.ControlPlane = refused(o.ControlPlane, "spec.network.advertiseAddress is not supported")
-			return o
-		}, want: want{
+		{name: "ready, a change refused", prior: v1.PhaseReady, o: refusedIn(healthy, "spec.network.advertiseAddress is not supported"), want: want{
 			phase: v1.PhaseReady, workers: "5/5", controlPlane: "True/Available", workersC: "True/Available", add: "True/Available", ready: "True/Available",
 		}},
 		// A refusal of an earlier spec says nothing of the current one.
