@@ -88,8 +88,9 @@ type Result struct {
 // HOST/REPO:TAG → REGISTRY/HOST/REPO:TAG (imageref.Ref.In). An image whose
 // manifest digest the registry already has under that name is not copied
 // again, so an interrupted run resumes; a blob an image found or copied
-// in this run holds is mounted, not uploaded again (blobHomes). Every image is tried; the error names each one
-// that failed and why. Results come in the order of o.Refs.
+// in this run holds is mounted, not uploaded again (blobHomes). Every
+// image is tried; the error names each one that failed and why. Results
+// come in the order of o.Refs.
 func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	if o.Source == nil {
 		return nil, errors.New("mirror: no source")
@@ -118,9 +119,14 @@ func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 	}
 	results := make([]Result, len(jobs))
 	sem := make(chan struct{}, cmp.Or(o.Jobs, DefaultJobs))
-	pass := func(run func(i int)) {
+	// pass runs run for each job that needs it, o.Jobs at once; a
+	// job still waiting when ctx ends has failed.
+	pass := func(needs func(i int) bool, run func(i int)) {
 		var wg sync.WaitGroup
 		for i := range jobs {
+			if !needs(i) {
+				continue
+			}
 			wg.Go(func() {
 				select {
 				case sem <- struct{}{}:
@@ -139,16 +145,14 @@ func Mirror(ctx context.Context, o MirrorOptions) ([]Result, error) {
 			o.Progress(results[i])
 		}
 	}
-	pass(func(i int) {
+	pass(func(int) bool { return true }, func(i int) {
 		if results[i], jobs[i].write = jobs[i].check(); jobs[i].write == nil {
 			done(i)
 		}
 	})
-	pass(func(i int) {
-		if jobs[i].write != nil {
-			results[i] = jobs[i].write()
-			done(i)
-		}
+	pass(func(i int) bool { return jobs[i].write != nil }, func(i int) {
+		results[i] = jobs[i].write()
+		done(i)
 	})
 	var errs []error
 	for _, r := range results {

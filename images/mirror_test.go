@@ -656,3 +656,30 @@ func TestMirrorConcurrency(t *testing.T) {
 		t.Errorf("at most %d blob uploads at once; want %d (%d images × %d blobs)", f.most, DefaultJobs*blobsAtOnce, DefaultJobs, blobsAtOnce)
 	}
 }
+
+// A run cancelled between its passes keeps what it found: an image the
+// registry had stays present, and the image it had not begun to copy
+// fails with the cancellation.
+func TestMirrorCancelledKeepsWhatItFound(t *testing.T) {
+	reg := startRegistry(t)
+	arts := map[string]*Artifact{"registry.k8s.io/had:1": artifact(t, false), "registry.k8s.io/new:1": artifact(t, false)}
+	src, err := OpenLayout(writeLayout(t, arts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Mirror(context.Background(), MirrorOptions{Registry: reg, Insecure: true, Source: src, Refs: []string{"registry.k8s.io/had:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rs, err := Mirror(ctx, MirrorOptions{Registry: reg, Insecure: true, Source: src, Refs: []string{"registry.k8s.io/had:1", "registry.k8s.io/new:1"},
+		Progress: func(r Result) {
+			if r.Status == StatusPresent {
+				cancel() // before the second pass starts
+			}
+		}})
+	got := statuses(rs)
+	if got["registry.k8s.io/had:1"] != StatusPresent || got["registry.k8s.io/new:1"] != StatusFailed || !errors.Is(err, context.Canceled) && !strings.Contains(fmt.Sprint(err), "context canceled") {
+		t.Errorf("cancelled run: %v, %v; want had present, new failed", got, err)
+	}
+}
