@@ -583,11 +583,7 @@ spec:
 	// and its KamajiControlPlane, the provider's TenantControlPlane goes
 	// with it, and Kamaji takes down what it made.
 	start = time.Now()
-	for _, u := range children.All() {
-		if err := mgmt.Delete(ctx, u.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
-			t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
-		}
-	}
+	deleteChildren(ctx, t, mgmt, children)
 	poll.Within(t, 5*time.Minute, time.Second, "the TenantControlPlane gone", func() error {
 		u := kamajiObject("TenantControlPlane", "tenants", "acme", nil)
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(u), u); !apierrors.IsNotFound(err) {

@@ -401,6 +401,17 @@ func startMirrorsEndpoint(ctx context.Context, t *testing.T, ns *netnstest.NS) {
 	}
 }
 
+// deleteChildren deletes a tenant's children all at once, as the garbage
+// collector deletes a TenantCluster's.
+func deleteChildren(ctx context.Context, t *testing.T, cl client.Client, children tenantcluster.Children) {
+	t.Helper()
+	for _, u := range children.All() {
+		if err := cl.Delete(ctx, u.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
 // joinWorker waits for the Machine Cluster API's core manager makes for
 // the tenant's one node group and for the user-data the kubeadm bootstrap
 // provider renders for it (the Machine's bootstrap data Secret), then
@@ -592,11 +603,7 @@ func missingDataStore(ctx context.Context, t *testing.T, cl client.Client, names
 		return nil
 	})
 	t.Logf("a TenantCluster of a missing DataStore: TenantControlPlaneCreated False: %s", msg)
-	for _, u := range children.All() {
-		if err := cl.Delete(ctx, u.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
-			t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
-		}
-	}
+	deleteChildren(ctx, t, cl, children)
 	clusterAPIGone(ctx, t, cl, namespace, tc.Name)
 }
 
