@@ -1,6 +1,7 @@
 // Command cozy-worker is the first-boot agent of Cozy's worker image
 // (tenant/workerimage): /init runs it once the network and containerd are
-// up, with the machine's NoCloud seed mounted. It applies the seed
+// up, with the machine's cloud-init disk (a config drive or a NoCloud
+// seed) mounted. It applies the seed
 // (tenant/workeragent) and then keeps the kubelet running; it exits only
 // if the seed cannot be applied, and /init then powers the VM off with
 // the reason on the console.
@@ -19,7 +20,7 @@ import (
 )
 
 func main() {
-	seed := flag.String("seed", "/run/cidata", "the mounted NoCloud seed (meta-data, user-data)")
+	seed := flag.String("seed", "/run/seed", "the mounted cloud-init disk: a NoCloud seed (meta-data, user-data) or a config drive (openstack/latest/)")
 	kubelet := flag.String("kubelet", "/bin/kubelet", "the kubelet binary")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -29,9 +29,10 @@ also at DIR/disk/ to boot without KubeVirt.
 
 The disk boots (BIOS, ISOLINUX) a kernel and an initramfs that hold the
 whole node: containerd, runc, the CNI plugins, crictl, conntrack,
-iptables, kubelet and kubeadm of that version, and cozy-worker, which applies the NoCloud seed KubeVirt
-attaches (the kubeadm bootstrap provider's kubeadm join) and runs the
-kubelet. Its inputs are built binaries: hack/worker-image.sh (make
+iptables, kubelet and kubeadm of that version, and cozy-worker, which
+applies the user-data on the cloud-init disk KubeVirt attaches (the
+config drive of CAPK's VMs, or a NoCloud seed: the kubeadm bootstrap
+provider's kubeadm join) and runs the kubelet. Its inputs are built binaries: hack/worker-image.sh (make
 worker-image) builds them all from the Go module proxy and Debian and
 runs this command. Same inputs, same digest.`,
 		Example: `  hack/worker-image.sh v1.36.3     # builds the inputs, then runs this

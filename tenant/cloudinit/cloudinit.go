@@ -387,27 +387,42 @@ func gunzip(data []byte) ([]byte, error) {
 	return out, nil
 }
 
-// ReadSeed reads a NoCloud seed's meta-data and user-data from dir (the
-// mounted "cidata" volume). A seed without user-data asks for nothing.
+// configDrive is where an OpenStack config drive keeps the newest
+// metadata: KubeVirt writes meta_data.json and user_data there.
+const configDrive = "openstack/latest"
+
+// ReadSeed reads the cloud-init disk KubeVirt attaches, mounted at dir:
+// a NoCloud seed (meta-data and user-data; volume label cidata) or a
+// config drive (openstack/latest/meta_data.json and user_data; label
+// config-2), which is what CAPK gives its VMs. From a config drive, as
+// cloud-init reads one, the host name is meta_data.json's hostname and
+// the instance ID its uuid. A seed without user-data asks for nothing.
 func ReadSeed(dir string) (MetaData, *Config, error) {
-	mdData, err := os.ReadFile(filepath.Join(dir, "meta-data"))
+	kind, mdFile, udFile := "NoCloud seed", "meta-data", "user-data"
+	if _, err := os.Stat(filepath.Join(dir, configDrive)); err == nil {
+		kind, mdFile, udFile = "config drive", configDrive+"/meta_data.json", configDrive+"/user_data"
+	}
+	mdData, err := os.ReadFile(filepath.Join(dir, mdFile))
 	if err != nil {
-		return MetaData{}, nil, fmt.Errorf("NoCloud seed: %w", err)
+		return MetaData{}, nil, fmt.Errorf("%s: %w", kind, err)
 	}
 	md, err := ParseMetaData(mdData)
 	if err != nil {
-		return MetaData{}, nil, fmt.Errorf("NoCloud seed: %w", err)
+		return MetaData{}, nil, fmt.Errorf("%s: %w", kind, err)
 	}
-	ud, err := os.ReadFile(filepath.Join(dir, "user-data"))
+	if uuid := md.All["uuid"]; kind == "config drive" && uuid != "" && md.All["instance-id"] == "" {
+		md.InstanceID = uuid
+	}
+	ud, err := os.ReadFile(filepath.Join(dir, udFile))
 	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(bytes.TrimSpace(ud)) == 0) {
 		return md, &Config{}, nil
 	}
 	if err != nil {
-		return MetaData{}, nil, fmt.Errorf("NoCloud seed: %w", err)
+		return MetaData{}, nil, fmt.Errorf("%s: %w", kind, err)
 	}
 	c, err := Parse(ud, md)
 	if err != nil {
-		return MetaData{}, nil, fmt.Errorf("NoCloud seed: %w", err)
+		return MetaData{}, nil, fmt.Errorf("%s: %w", kind, err)
 	}
 	return md, c, nil
 }

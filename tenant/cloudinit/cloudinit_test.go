@@ -202,6 +202,42 @@ func TestReadSeedAndWrite(t *testing.T) {
 	}
 }
 
+// A config drive, as KubeVirt writes one for a VM whose cloud-init
+// volume is cloudInitConfigDrive (CAPK's): the host name and instance ID
+// as cloud-init takes them from meta_data.json, and user_data applied.
+// Nested values (KubeVirt's devices) are not variables.
+func TestReadSeedConfigDrive(t *testing.T) {
+	seed := t.TempDir()
+	dir := filepath.Join(seed, "openstack", "latest")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	meta := `{"instance_id":"md0-abc.tenants","hostname":"md0-abc","uuid":"4c9c8a8e-3f0e-5b1e-9c55-1b0b8d0c2f11","devices":[{"type":"nic","bus":"pci","address":"0000:01:00.0","tags":null}]}`
+	if err := os.WriteFile(filepath.Join(dir, "meta_data.json"), []byte(meta), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "user_data"), []byte("## template: jinja\n#cloud-config\nwrite_files:\n- {path: /etc/node, content: '{{ ds.meta_data.local_hostname }}'}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	md, c, err := ReadSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md.LocalHostname != "md0-abc" || md.InstanceID != "4c9c8a8e-3f0e-5b1e-9c55-1b0b8d0c2f11" {
+		t.Errorf("host %q, instance %q", md.LocalHostname, md.InstanceID)
+	}
+	if len(c.Files) != 1 || string(c.Files[0].Content) != "md0-abc" {
+		t.Errorf("files %+v", c.Files)
+	}
+	// A config drive without its metadata is an error that says so.
+	if err := os.Remove(filepath.Join(dir, "meta_data.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadSeed(seed); err == nil || !strings.Contains(err.Error(), "config drive") || !strings.Contains(err.Error(), "meta_data.json") {
+		t.Errorf("config drive without meta_data.json: %v", err)
+	}
+}
+
 // FuzzParse: no user-data or meta-data makes Parse panic, and whatever
 // it accepts has absolute, clean paths.
 func FuzzParse(f *testing.F) {

@@ -1,6 +1,7 @@
 // Package workeragent is what Cozy's worker image runs on first boot,
 // after its /init has brought up the network and containerd: it applies
-// the machine's NoCloud seed as cloud-init would (host name, bootcmd,
+// the machine's cloud-init disk (a config drive or a NoCloud seed) as
+// cloud-init would (host name, bootcmd,
 // write_files, runcmd: the kubeadm bootstrap provider's `kubeadm join`)
 // and keeps the kubelet running the way kubeadm's systemd drop-in does,
 // from the files kubeadm writes, restarting it when it exits.

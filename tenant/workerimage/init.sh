@@ -1,8 +1,9 @@
 #!/bin/sh
 # /init of Cozy's tenant worker image (tenant/workerimage): PID 1, run by
 # busybox. It brings up what a kubeadm node needs (kernel modules,
-# cgroup v2, the first NIC's DHCP lease, containerd), mounts the NoCloud
-# seed KubeVirt attaches (a volume labelled cidata) and hands over to
+# cgroup v2, the first NIC's DHCP lease, containerd), mounts the cloud-init
+# disk KubeVirt attaches (a NoCloud seed, labelled cidata, or a config
+# drive, labelled config-2, which CAPK's VMs get) and hands over to
 # cozy-worker, which applies the seed (kubeadm join) and runs the kubelet.
 # The whole root file system, containerd's images included, is in RAM.
 export PATH=/bin:/usr/bin:/sbin:/usr/sbin
@@ -31,7 +32,7 @@ mkdir -p /run /tmp /dev/pts /dev/shm /var /etc/kubernetes/manifests
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 shm /dev/shm
 mount -t tmpfs -o mode=0755 run /run
-mkdir -p /run/cidata
+mkdir -p /run/seed
 # The kubelet's and containerd's state on a tmpfs: the kubelet (cAdvisor)
 # cannot size the initial root file system ("rootfs") it would otherwise
 # be on, and refuses to start.
@@ -84,7 +85,8 @@ done
 . /run/udhcpc.env
 log "address $ip/$mask on $nic"
 
-# The NoCloud seed: the block device whose file system is labelled cidata
+# The seed: the block device whose file system is labelled cidata or
+# config-2
 # (Debian's busybox has no blkid): an ISO 9660 primary volume descriptor's
 # volume ID (KubeVirt's seed), or a FAT boot sector's label (FAT32's,
 # then FAT12/16's), one per line.
@@ -103,15 +105,15 @@ tries=0
 while [ -z "$seed" ]; do
 	for d in /sys/class/block/*; do
 		dev=/dev/${d##*/}
-		label "$dev" | tr -d ' \000' | tr 'A-Z' 'a-z' | grep -qx cidata && seed=$dev && break
+		label "$dev" | tr -d ' \000' | tr 'A-Z' 'a-z' | grep -qxE 'cidata|config-2' && seed=$dev && break
 	done
 	[ -n "$seed" ] && break
 	tries=$((tries + 1))
-	[ "$tries" -lt 30 ] || fail "no NoCloud seed (a volume labelled cidata) among $(ls /sys/class/block | tr '\n' ' ')"
+	[ "$tries" -lt 30 ] || fail "no cloud-init disk (a volume labelled cidata or config-2) among $(ls /sys/class/block | tr '\n' ' ')"
 	sleep 1
 done
-mount -o ro "$seed" /run/cidata || fail "cannot mount the NoCloud seed $seed"
-log "NoCloud seed $seed"
+mount -o ro "$seed" /run/seed || fail "cannot mount the cloud-init disk $seed"
+log "cloud-init disk $seed"
 
 containerd >/var/log/containerd.log 2>&1 &
 tries=0
@@ -122,5 +124,5 @@ until [ -S /run/containerd/containerd.sock ]; do
 done
 log "containerd is up"
 
-cozy-worker --seed /run/cidata --kubelet /bin/kubelet
+cozy-worker --seed /run/seed --kubelet /bin/kubelet
 fail "cozy-worker exited with status $?"

@@ -50,7 +50,8 @@ const (
 // cluster-info), the real Cluster API kubeadm bootstrap provider renders
 // the user-data of a worker Machine whose KubeadmConfig is cloned from
 // the operator's template, and the image boots under TCG with that
-// user-data on its NoCloud disk. The VM's `kubeadm join` must pass its
+// user-data on a config drive, the cloud-init disk KubeVirt gives the VMs
+// CAPK makes (cloudInitConfigDrive). The VM's `kubeadm join` must pass its
 // preflight checks, its kubelet must TLS-bootstrap, and the Node must
 // register with the version of the image and the group's label.
 // Everything runs in a network namespace of its own; the VM reaches the
@@ -110,7 +111,7 @@ func TestWorkerJoinsWithKubeadm(t *testing.T) {
 	if hash := caHash(t, filepath.Join(dir, "pki", "ca.crt")); !strings.Contains(userData, hash) {
 		t.Errorf("the provider's user-data does not name the CA hash %s", hash)
 	}
-	vm := workertest.Boot(ctx, t, ns, dir, disk, workertest.Seed(t, dir, node, namespace, userData))
+	vm := workertest.Boot(ctx, t, ns, dir, disk, workertest.ConfigDrive(t, dir, node, namespace, workertest.FirmwareUUID, userData))
 
 	// The test's own process is outside the namespace: kubectl inside it
 	// reads the Node.

@@ -1,7 +1,9 @@
 // Package workerimage builds Cozy's tenant worker image: a KubeVirt
 // containerDisk (an OCI image holding /disk/<name>.qcow2) that boots a
 // node for one Kubernetes version and joins it to a tenant's control
-// plane through the Cluster API kubeadm bootstrap provider's NoCloud seed.
+// plane through the Cluster API kubeadm bootstrap provider's user-data on
+// the cloud-init disk KubeVirt attaches (a config drive for CAPK's VMs, or
+// a NoCloud seed).
 //
 // The disk is a hybrid ISO (ISOLINUX, BIOS boot from a CD or a disk)
 // holding Debian's kernel and one initramfs with everything the node
@@ -361,7 +363,7 @@ func (o Options) initramfs() ([]byte, error) {
 	}
 	modules := strings.Fields(string(order))
 	if !slices.Contains(modules, "isofs.ko") {
-		return nil, fmt.Errorf("kernel modules in %s lack isofs.ko (the NoCloud seed's file system): run hack/boot-assets.sh again", o.KernelDir)
+		return nil, fmt.Errorf("kernel modules in %s lack isofs.ko (the cloud-init disk's file system): run hack/boot-assets.sh again", o.KernelDir)
 	}
 	for _, m := range modules {
 		if m != filepath.Base(m) {

@@ -1,12 +1,13 @@
 // Package workertest joins a tenant worker the way Cluster API does, for
 // integration tests: the real kubeadm bootstrap provider renders a
 // Machine's user-data from cozy-operator's KubeadmConfigTemplate, and
-// Cozy's worker image boots under QEMU with it on a NoCloud seed, as
-// KubeVirt would attach it.
+// Cozy's worker image boots under QEMU with it on a config drive or a
+// NoCloud seed, as KubeVirt would attach it.
 package workertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -170,23 +171,48 @@ func RenderUserData(ctx context.Context, t *testing.T, c client.Client, m Machin
 // so the host, after the Machine) and the user-data.
 func Seed(t testing.TB, dir, machine, namespace, userData string) string {
 	t.Helper()
-	src := filepath.Join(dir, "seed")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range map[string]string{
+	return iso(t, dir, "cidata", map[string]string{
 		"user-data": userData,
 		"meta-data": "instance-id: " + machine + "." + namespace + "\nlocal-hostname: " + machine + "\n",
-	} {
-		if err := os.WriteFile(filepath.Join(src, name), []byte(data), 0o600); err != nil {
+	})
+}
+
+// ConfigDrive makes the config drive KubeVirt attaches to the VM vm of
+// namespace for a cloudInitConfigDrive volume (CAPK's VMs have one): an
+// ISO 9660 volume labelled config-2 with openstack/latest/meta_data.json
+// (its instance_id, hostname and uuid, as virt-launcher writes them) and
+// user_data.
+func ConfigDrive(t testing.TB, dir, vm, namespace, uuid, userData string) string {
+	t.Helper()
+	meta, err := json.Marshal(map[string]string{"instance_id": vm + "." + namespace, "hostname": vm, "uuid": uuid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iso(t, dir, "config-2", map[string]string{
+		"openstack/latest/user_data":      userData,
+		"openstack/latest/meta_data.json": string(meta),
+	})
+}
+
+// iso writes files into an ISO 9660 volume labelled label in dir, with
+// xorriso as virt-launcher makes it, and returns its path.
+func iso(t testing.TB, dir, label string, files map[string]string) string {
+	t.Helper()
+	src := filepath.Join(dir, label)
+	for name, data := range files {
+		p := filepath.Join(src, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	iso := filepath.Join(dir, "seed.iso")
-	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-o", iso, "-V", "cidata", "-J", "-r", src).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso: %v\n%s", err, out)
+	out := filepath.Join(dir, label+".iso")
+	if b, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-o", out, "-V", label, "-J", "-r", src).CombinedOutput(); err != nil {
+		t.Fatalf("xorriso: %v\n%s", err, b)
 	}
-	return iso
+	return out
 }
 
 // VM is a worker VM that Boot started.
@@ -198,6 +224,10 @@ type VM struct {
 	// PID is QEMU's process, whose CPU time is the VM's.
 	PID int
 }
+
+// FirmwareUUID is the worker VM's SMBIOS UUID, which KubeVirt also
+// writes as a config drive's uuid.
+const FirmwareUUID = "1f0e2d3c-4b5a-4697-8877-665544332211"
 
 // GuestIP is the worker VM's address: the first QEMU's user network
 // (net 10.0.2.0/24) hands out. Nothing outside the VM reaches it.
@@ -217,7 +247,7 @@ func Boot(ctx context.Context, t testing.TB, ns *netnstest.NS, dir, disk, seed s
 		"-drive", "file="+disk+",if=virtio,format=qcow2,readonly=on",
 		"-drive", "file="+seed+",if=virtio,format=raw,readonly=on",
 		"-netdev", "user,id=n0,net=10.0.2.0/24", "-device", "virtio-net-pci,netdev=n0",
-		"-uuid", "1f0e2d3c-4b5a-4697-8877-665544332211")
+		"-uuid", FirmwareUUID)
 	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
 	if err := qemu.Start(); err != nil {
 		t.Fatal(err)
