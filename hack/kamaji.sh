@@ -18,6 +18,8 @@
 #               registry.k8s.io/kas-network-proxy/proxy-server:V
 #               registry.k8s.io/kas-network-proxy/proxy-agent:V
 #                 (Konnectivity at cozy-operator's KonnectivityVersion V)
+#               quay.io/capk/capk-manager:v0.11.2 (the Cluster API
+#                 KubeVirt provider, at the platform's pin)
 #
 #   hack/kamaji.sh
 #
@@ -45,7 +47,8 @@
 # cache cold for it; Kubernetes v1.30.2 9 min 30 s with its module
 # downloaded and the build cache cold; the provider (2026-12-07) 2 min
 # 53 s with Kamaji's dependencies cached; Konnectivity v0.34.0 53 s, its
-# modules downloaded then, most of its dependencies already built.
+# modules downloaded then, most of its dependencies already built; CAPK
+# v0.11.2 1 min 41 s with its modules downloaded (2026-12-07).
 #
 # Only the directory goes to stdout; progress goes to stderr.
 set -euo pipefail
@@ -58,6 +61,8 @@ provider_module=github.com/clastix/cluster-api-control-plane-provider-kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
 etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
 konnectivity_module=sigs.k8s.io/apiserver-network-proxy
+capk_version=v0.11.2 # charts/platform's kubevirtInfrastructureProvider, checked below
+capk_module=sigs.k8s.io/cluster-api-provider-kubevirt
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ -f "$repo/hack/kamajiimages/main.go" ]] || { echo "kamaji: run it from a Cozy source tree" >&2; exit 1; }
@@ -77,12 +82,14 @@ ca_deb="$(apt-cache policy ca-certificates | awk '/^  Candidate:/ { print $2 }')
 # its source so that the images and the operator cannot disagree.
 konnectivity_version="$(sed -n 's/^[[:space:]]*KonnectivityVersion[[:space:]]*= "\(v[0-9.]*\)"$/\1/p' "$repo/operators/tenantcluster/desired.go")"
 [[ $konnectivity_version == v* ]] || die "no KonnectivityVersion in operators/tenantcluster/desired.go"
+pinned_capk="$(sed -n 's/^[[:space:]]*kubevirtInfrastructureProvider:[[:space:]]*\(v[0-9.]*\)$/\1/p' "$repo/charts/platform/values.yaml")"
+[[ $pinned_capk == "$capk_version" ]] || die "charts/platform/values.yaml pins CAPK '$pinned_capk', not $capk_version: update capk_version"
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
 	cat hack/kamaji.sh hack/capi-controllers.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_konnectivity-${konnectivity_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_konnectivity-${konnectivity_version}_capk-${capk_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
 if [[ -x $out/etcd && -f $out/images/index.json ]]; then
 	echo "$out"
 	exit 0
@@ -190,6 +197,15 @@ for cmd in server agent; do
 	"$work/konnectivity-bin/proxy-$cmd" --help >/dev/null 2>&1 || die "the built proxy-$cmd does not run"
 done
 
+log "building CAPK $capk_version (about 2 minutes cold)"
+# Its main package at the module's root, as its Dockerfile builds it
+# (CGO_ENABLED=0); its go.mod has no replace lines.
+cmod="$work/capk"
+mkdir -p "$cmod"
+printf 'module cozy.dev/tools/capk\n\ngo 1.26\n\nrequire %s %s\n' "$capk_module" "$capk_version" >"$cmod/go.mod"
+(cd "$cmod" && go build -trimpath -ldflags "-s -w" -o "$work/capk.bin" "$capk_module" >&2)
+"$work/capk.bin" --help >/dev/null 2>&1 || die "the built CAPK does not run"
+
 log "Debian ca-certificates $ca_deb"
 debroot "$work" "ca-certificates=$ca_deb"
 
@@ -199,7 +215,8 @@ mkdir -p "$work/out"
 "$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
 	-kubernetes "$kube" -kubernetes-version "$k8s_version" \
 	-capi "$capi" -capi-version "$capi_version" -provider "$work/provider.bin" -provider-tag "$provider_version" \
-	-konnectivity "$work/konnectivity-bin" -konnectivity-version "$konnectivity_version"
+	-konnectivity "$work/konnectivity-bin" -konnectivity-version "$konnectivity_version" \
+	-capk "$work/capk.bin" -capk-version "$capk_version"
 install -m 0755 "$kube/etcd" "$work/out/etcd"
 chmod 0755 "$work/out" "$work/out/images"
 mv -T "$work/out" "$out" 2>/dev/null || [[ -f "$out/images/index.json" ]] || die "cannot move the build to $out"

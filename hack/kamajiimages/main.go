@@ -2,7 +2,7 @@
 // control planes it runs (kube-apiserver, kube-controller-manager and
 // kube-scheduler of the Kubernetes version Kamaji supports, Konnectivity's
 // server and agent) and those of the Cluster API managers that drive it
-// (core, kubeadm bootstrap, the Kamaji control-plane provider) into one
+// (core, kubeadm bootstrap, the Kamaji control-plane provider, CAPK) into one
 // OCI image layout, each under
 // its exact upstream name and tag, for the registry mirror the
 // management cluster pulls from. hack/kamaji.sh builds the binaries,
@@ -36,6 +36,7 @@ type inputs struct {
 	capiDir, capiTag  string
 	provider, provTag string
 	konnDir, konnTag  string
+	capk, capkTag     string
 }
 
 // controlPlane are the binaries of a tenant control plane, each in its
@@ -56,10 +57,13 @@ func run() error {
 	flag.StringVar(&in.provTag, "provider-tag", "", "its version (v0.20.0)")
 	flag.StringVar(&in.konnDir, "konnectivity", "", "directory of static proxy-server and proxy-agent binaries")
 	flag.StringVar(&in.konnTag, "konnectivity-version", "", "their version (v0.34.0)")
+	flag.StringVar(&in.capk, "capk", "", "static Cluster API KubeVirt provider (CAPK) binary")
+	flag.StringVar(&in.capkTag, "capk-version", "", "its version (v0.11.2)")
 	flag.Parse()
 	for name, v := range map[string]string{"-o": in.out, "-debs": in.debs, "-kamaji": in.kamaji, "-kamaji-tag": in.kamajiTag,
 		"-kubernetes": in.kubeDir, "-kubernetes-version": in.kubeTag, "-capi": in.capiDir, "-capi-version": in.capiTag,
-		"-provider": in.provider, "-provider-tag": in.provTag, "-konnectivity": in.konnDir, "-konnectivity-version": in.konnTag} {
+		"-provider": in.provider, "-provider-tag": in.provTag, "-konnectivity": in.konnDir, "-konnectivity-version": in.konnTag,
+		"-capk": in.capk, "-capk-version": in.capkTag} {
 		if v == "" {
 			flag.Usage()
 			return fmt.Errorf("%s is required", name)
@@ -116,13 +120,14 @@ func kamajiImages(in inputs) ([]ociimage.Image, error) {
 		}
 		images = append(images, im)
 	}
-	// Cluster API's Dockerfile, and the Kamaji provider's: distroless
-	// static, /manager as the entrypoint, USER 65532; named as their
-	// releases publish them.
+	// Cluster API's Dockerfile, the Kamaji provider's and CAPK's:
+	// distroless static, /manager as the entrypoint, USER 65532; named as
+	// their releases publish them.
 	for _, m := range []struct{ ref, version, source, bin string }{
 		{"registry.k8s.io/cluster-api/cluster-api-controller:" + in.capiTag, in.capiTag, "sigs.k8s.io/cluster-api@" + in.capiTag + " core", filepath.Join(in.capiDir, "cluster-api-manager")},
 		{"registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:" + in.capiTag, in.capiTag, "sigs.k8s.io/cluster-api@" + in.capiTag + " bootstrap/kubeadm", filepath.Join(in.capiDir, "kubeadm-bootstrap-manager")},
 		{"docker.io/clastix/cluster-api-control-plane-provider-kamaji:" + in.provTag, in.provTag, "github.com/clastix/cluster-api-control-plane-provider-kamaji@" + in.provTag + " (ported to Kamaji " + in.kamajiTag + ")", in.provider},
+		{"quay.io/capk/capk-manager:" + in.capkTag, in.capkTag, "sigs.k8s.io/cluster-api-provider-kubevirt@" + in.capkTag, in.capk},
 	} {
 		im, err := image(m.ref, m.version, m.source, ocispec.ImageConfig{User: "65532:65532", WorkingDir: "/", Entrypoint: []string{"/manager"}},
 			ociimage.File{Path: "/manager", Mode: 0o755, Source: m.bin})

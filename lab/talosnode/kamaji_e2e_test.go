@@ -51,9 +51,9 @@ const (
 
 // TestKamajiServesATenant: cozy-operator's children for a TenantCluster
 // become a running tenant through the real controllers: Cluster API's
-// core and kubeadm bootstrap managers and the Kamaji control-plane
-// provider (v0.20.0, ported to Kamaji v1.0.0 by hack/kamaji.sh) and
-// Kamaji (built from its module) run as pods of images served by the
+// core and kubeadm bootstrap managers, the Kamaji control-plane provider
+// (v0.20.0, ported to Kamaji v1.0.0 by hack/kamaji.sh), CAPK and Kamaji
+// (built from their modules) run as pods of images served by the
 // mirror, their webhooks behind Services. The provider makes the
 // TenantControlPlane from the operator's KamajiControlPlane; Kamaji runs
 // its kube-apiserver, controller-manager, scheduler and Konnectivity
@@ -63,22 +63,28 @@ const (
 // Service, as the operator exposes it on a rack without a load-balancer
 // pool. The provider reports the endpoint and readiness to Cluster API;
 // core makes the node group's Machine, the bootstrap provider its
-// user-data, and Cozy's worker image boots with it under QEMU in the
-// worker node's network namespace (as KubeVirt runs a VM in a pod): its
-// Node registers in the tenant; its containerd pulls through the mirror
-// cozy-operator's user-data names, and through the registries.mirrors
-// endpoint it names for a registry the mirror does not stand in for; with a CNI (flannel) the Node is Ready
-// and runs a pod, and the tenant's API server reaches its kubelet (logs,
-// exec) through the Konnectivity agent Kamaji puts on it. The tenant's keys sit under its own prefix in the
-// DataStore, readable by its own etcd user and no other prefix; once its
-// children are deleted, its Cluster API objects, pods, the Secrets Kamaji
-// made, its keys, user and role are gone.
+// user-data, CAPK its VirtualMachine with that user-data on a config
+// drive; the test stands in for KubeVirt and boots Cozy's worker image
+// with that config drive under QEMU in the worker node's network
+// namespace (as virt-launcher runs a VM in a pod), and reports the VM
+// running. Its Node registers in the tenant; its containerd pulls
+// through the mirror cozy-operator's user-data names, and through the
+// registries.mirrors endpoint it names for a registry the mirror does
+// not stand in for; with a CNI (flannel) the Node is Ready, CAPK sets
+// its provider ID, Cluster API links it to the Machine and lifts its
+// uninitialized taint, and the node group counts it ready; it runs a
+// pod, and the tenant's API server reaches its kubelet (logs, exec)
+// through the Konnectivity agent Kamaji puts on it. The tenant's keys
+// sit under its own prefix in the DataStore, readable by its own etcd
+// user and no other prefix; once its children are deleted, its Cluster
+// API objects, VM, pods, the Secrets Kamaji made, its keys, user and
+// role are gone.
 //
 // Not here: the operator's controller itself (its children are applied
 // as it applies them, without their owner: a TenantCluster's schema
-// accepts v1.34 and newer, Kamaji v1.0.0 serves v1.30.2 at most); CAPK,
-// so the Machine is never provisioned and its Node keeps Cluster API's
-// uninitialized taint; the worker boots in QEMU, not under KubeVirt; the tenant's CNI is the lab's
+// accepts v1.34 and newer, Kamaji v1.0.0 serves v1.30.2 at most);
+// KubeVirt and CDI (the worker boots in QEMU, not under virt-launcher,
+// from the image file, not a DataVolume); the tenant's CNI is the lab's
 // flannel, not the Cilium Cozy gives tenants (it cannot be built here),
 // and no cloud-controller-manager initialises the Node (KubeVirt's does
 // for Cozy's workers).
@@ -418,13 +424,14 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	}
 	f.nodeReady, f.nodeCPU, f.qemuCPU = time.Since(start), machineCPU(t)-cpu0, qemuCPU
 	t.Logf("Node %s was Ready %s after the VM started", workerMachine, f.nodeReady.Round(time.Second))
+	checkMachineProvisioned(ctx, t, mgmt, tenantKubectl, "tenants", "acme", workerMachine)
+	t.Logf("CAPK linked the Node to its Machine, ready in its MachineDeployment, %s after the VM started", time.Since(start).Round(time.Second))
 
 	// It runs a pod from the mirror (clustertest's probe, which tolerates
-	// the two taints nothing lifts here: the cloud provider's, as the
+	// the taint nothing lifts here: the cloud provider's, as the
 	// operator's kubelets run with cloud-provider external and KubeVirt's
-	// cloud-controller-manager initialises Cozy's workers, and Cluster
-	// API's, which its core Machine controller, not run here, lifts once
-	// the Node is its Machine's), with an address of its Node's pod subnet.
+	// cloud-controller-manager initialises Cozy's workers), with an
+	// address of its Node's pod subnet.
 	probeStart := time.Now()
 	probes := clustertest.RunProbes(t, tenantKubectl, []string{workerMachine}, 5*time.Minute)
 	nodeCIDR, err := tenantKubectl("get", "node", workerMachine, "-o", "jsonpath={.spec.podCIDR}")

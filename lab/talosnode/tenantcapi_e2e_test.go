@@ -46,24 +46,26 @@ const (
 	capiCoreImage      = "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2"
 	capiBootstrapImage = "registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:v1.14.2"
 	kamajiCPImage      = "docker.io/clastix/cluster-api-control-plane-provider-kamaji:v0.20.0"
+	capkImage          = "quay.io/capk/capk-manager:v0.11.2"
 )
 
 // startClusterAPI runs what turns cozy-operator's children into a
 // tenant: Cluster API's core and kubeadm bootstrap managers
-// (hack/capi-controllers.sh) and the Kamaji control-plane provider
-// (hack/kamaji.sh's port of v0.20.0 to Kamaji v1.0.0), as the platform
-// runs them: a Deployment each of the images hack/kamaji.sh packs, pulled
-// from the mirror, in the namespace the platform gives it, its release's
-// ServiceAccount bound to the ClusterRole its module declares
-// (config/rbac), plus the RBAC the platform renders for them; leader
-// election off (one replica). Core's webhooks are served behind the
-// Service capi-webhook-service, with a throwaway CA's certificate in
-// place of cert-manager's, and registered failing closed; the other
+// (hack/capi-controllers.sh), the Kamaji control-plane provider
+// (hack/kamaji.sh's port of v0.20.0 to Kamaji v1.0.0) and CAPK, as the
+// platform runs them: a Deployment each of the images hack/kamaji.sh
+// packs, pulled from the mirror, in the namespace the platform gives it,
+// its release's ServiceAccount bound to the ClusterRole its module
+// declares (config/rbac), plus the RBAC the platform renders for them;
+// leader election off (one replica). Core's webhooks are served behind
+// the Service capi-webhook-service, with a throwaway CA's certificate in
+// place of cert-manager's, and registered failing closed, its conversion
+// webhook too (CAPK reads Clusters and Machines as v1beta1); the other
 // managers' servers (which cannot be turned off) get the same
-// certificate, their webhooks not registered. Their CRDs and CAPK's
-// (whose KubevirtCluster the Kamaji provider marks provisioned; CAPK
-// itself does not run: no KubeVirt here) come from their modules. It
-// returns once all three are ready.
+// certificate, their webhooks not registered. Their CRDs come from their
+// modules, and KubeVirt's VirtualMachine and VirtualMachineInstance and
+// CDI's kinds, which CAPK reads, from theirs (KubeVirt and CDI
+// themselves do not run). It returns once all four are ready.
 func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 	t.Helper()
 	var sources []testenv.CRDSource
@@ -73,12 +75,27 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 			sources = append(sources, src)
 		}
 	}
+	for _, src := range testenv.PlatformCRDs() {
+		if src.Module == "kubevirt.io/containerized-data-importer" {
+			sources = append(sources, src)
+		}
+	}
 	crds, err := testenv.LoadCRDs(ctx, sources)
 	if err != nil {
 		t.Fatal(err)
 	}
+	vmCRDs, err := testenv.KubeVirtVMCRDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const service = "capi-webhook-service"
+	const core = "cozy-capi-core"
+	certs := webhookCerts(t, service+"."+core+".svc")
 	cl := clusterClient(t, c)
-	for _, crd := range crds {
+	for _, crd := range append(crds, vmCRDs...) {
+		if crd.Spec.Group == "cluster.x-k8s.io" && len(crd.Spec.Versions) > 1 {
+			testenv.ConvertThrough(crd, core, service, certs["ca.crt"])
+		}
 		if err := cl.Create(ctx, crd); err != nil {
 			t.Fatal(err)
 		}
@@ -89,6 +106,7 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 		for _, k := range []string{
 			"cluster.x-k8s.io/v1beta2 MachineList", "bootstrap.cluster.x-k8s.io/v1beta2 KubeadmConfigList",
 			"controlplane.cluster.x-k8s.io/v1alpha2 KamajiControlPlaneList", "infrastructure.cluster.x-k8s.io/v1alpha1 KubevirtClusterList",
+			"kubevirt.io/v1 VirtualMachineList", "cdi.kubevirt.io/v1beta1 DataVolumeList",
 		} {
 			var list unstructured.UnstructuredList
 			apiVersion, kind, _ := strings.Cut(k, " ")
@@ -105,12 +123,11 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 	// installs it in (charts/platform, cluster-api-providers), under its
 	// release's ServiceAccount name, so that the platform's own RBAC for
 	// them applies as rendered.
-	const service = "capi-webhook-service"
 	managers := []struct {
 		manager
 		module, version, roleFile string
 	}{
-		{manager{namespace: "cozy-capi-core", account: "capi-manager", image: capiCoreImage,
+		{manager{namespace: core, account: "capi-manager", image: capiCoreImage,
 			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440"}, health: 9440},
 			"sigs.k8s.io/cluster-api", "v1.14.2", "core/config/rbac/role.yaml"},
 		{manager{namespace: "cozy-capi-kubeadm-bootstrap", account: "capi-kubeadm-bootstrap-manager", image: capiBootstrapImage,
@@ -119,9 +136,10 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 		{manager{namespace: "cozy-capi-kamaji", account: "capi-kamaji-controller-manager", image: kamajiCPImage,
 			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-probe-bind-address=:8081"}, health: 8081},
 			"github.com/clastix/cluster-api-control-plane-provider-kamaji", "v0.20.0", "config/rbac/role.yaml"},
+		{manager{namespace: "cozy-capi-kubevirt", account: "capk-manager", image: capkImage,
+			args: []string{"--leader-elect=false", "--diagnostics-address=0", "--health-addr=:9440", "--feature-gates=MachinePool=false"}, health: 9440},
+			"sigs.k8s.io/cluster-api-provider-kubevirt", "v0.11.2", "config/rbac/role.yaml"},
 	}
-	core := managers[0].namespace
-	certs := webhookCerts(t, service+"."+core+".svc")
 	objs := []client.Object{&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: core},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": managers[0].account}, Ports: []corev1.ServicePort{{
@@ -412,54 +430,184 @@ func deleteChildren(ctx context.Context, t *testing.T, cl client.Client, childre
 	}
 }
 
-// joinWorker waits for the Machine Cluster API's core manager makes for
-// the tenant's one node group and for the user-data the kubeadm bootstrap
-// provider renders for it (the Machine's bootstrap data Secret), then
-// boots Cozy's worker image with it under QEMU in the worker node's
-// network namespace, as KubeVirt runs a VM in a pod of a management
-// node: its user network reaches the tenant's ClusterIP Service through
-// the node's kube-proxy, and the mirror on the LAN. It returns the VM and
-// the Machine's name, which the worker takes as its hostname.
+// joinWorker stands in for KubeVirt and CDI, which cannot run here, for
+// the VirtualMachine CAPK makes for the tenant's one worker Machine. It
+// waits for that VM and the Secret its config drive names (the user-data
+// the kubeadm bootstrap provider rendered for the Machine, which CAPK
+// copies), then does what virt-controller, virt-handler and
+// virt-launcher would: boots Cozy's worker image (what the VM's
+// DataVolume imports) under QEMU in the worker node's network namespace,
+// as virt-launcher runs it in a pod of a management node, with that
+// config drive as KubeVirt writes it; records a running
+// VirtualMachineInstance owned by the VM, Ready, at the address the
+// guest has on QEMU's user network; and marks the VM ready. The VM's
+// user network reaches the tenant's ClusterIP Service through the
+// node's kube-proxy, and the mirror on the LAN. Once the VM is deleted
+// (and the VMI with it, by the garbage collector), QEMU is stopped, as
+// virt-launcher's pod would be. It returns the VM and its name, which
+// the worker takes as its host name.
 func joinWorker(ctx context.Context, t *testing.T, cl client.Client, worker *clusterNode, namespace, cluster, version string) (workertest.VM, string) {
 	t.Helper()
 	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
-	var machine, dataSecret string
-	poll.Within(t, 5*time.Minute, time.Second, "the worker Machine's bootstrap data", func() error {
+	var vm *unstructured.Unstructured
+	var userDataSecret string
+	poll.Within(t, 5*time.Minute, time.Second, "the VirtualMachine CAPK makes for the worker", func() error {
 		var list unstructured.UnstructuredList
-		list.SetAPIVersion("cluster.x-k8s.io/v1beta2")
-		list.SetKind("MachineList")
+		list.SetAPIVersion("kubevirt.io/v1")
+		list.SetKind("VirtualMachineList")
 		if err := cl.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster}); err != nil {
 			return err
 		}
 		if len(list.Items) != 1 {
-			return fmt.Errorf("%d Machines", len(list.Items))
+			return fmt.Errorf("%d VirtualMachines", len(list.Items))
 		}
-		machine = list.Items[0].GetName()
-		dataSecret, _, _ = unstructured.NestedString(list.Items[0].Object, "spec", "bootstrap", "dataSecretName")
-		if dataSecret == "" {
-			return fmt.Errorf("Machine %s: no spec.bootstrap.dataSecretName yet", machine)
+		vm = &list.Items[0]
+		volumes, _, _ := unstructured.NestedSlice(vm.Object, "spec", "template", "spec", "volumes")
+		for _, v := range volumes {
+			if name, ok, _ := unstructured.NestedString(v.(map[string]any), "cloudInitConfigDrive", "secretRef", "name"); ok {
+				userDataSecret = name
+			}
+		}
+		if userDataSecret == "" {
+			return fmt.Errorf("VirtualMachine %s has no config drive with a user-data Secret: volumes %v", vm.GetName(), volumes)
 		}
 		return nil
 	})
+	name := vm.GetName()
 	var secret corev1.Secret
-	if err := cl.Get(ctx, client.ObjectKey{Namespace: namespace, Name: dataSecret}, &secret); err != nil {
-		t.Fatal(err)
-	}
-	userData := secret.Data["value"]
+	poll.Within(t, time.Minute, time.Second, "the VM's user-data Secret "+userDataSecret, func() error {
+		return cl.Get(ctx, client.ObjectKey{Namespace: namespace, Name: userDataSecret}, &secret)
+	})
+	userData := secret.Data["userdata"]
 	if len(userData) == 0 {
-		t.Fatalf("the bootstrap data Secret %s holds no value", dataSecret)
+		t.Fatalf("the VM's user-data Secret %s holds no userdata", userDataSecret)
 	}
 	dir := t.TempDir()
-	vm := workertest.Boot(ctx, t, worker.ns, dir, filepath.Join(images, "disk", workerimage.DiskName(version)),
-		workertest.Seed(t, dir, machine, namespace, string(userData)))
+	booted := workertest.Boot(ctx, t, worker.ns, dir, filepath.Join(images, "disk", workerimage.DiskName(version)),
+		workertest.ConfigDrive(t, dir, name, namespace, workertest.FirmwareUUID, string(userData)))
+
+	// What KubeVirt reports of a VM whose domain runs.
+	labels, _, _ := unstructured.NestedStringMap(vm.Object, "spec", "template", "metadata", "labels")
+	spec, _, _ := unstructured.NestedMap(vm.Object, "spec", "template", "spec")
+	vmi := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+		"spec": spec,
+		"status": map[string]any{
+			"phase": "Running", "nodeName": worker.name,
+			"conditions": []any{
+				map[string]any{"type": "Ready", "status": "True"},
+				map[string]any{"type": "LiveMigratable", "status": "False", "reason": "NotMigratable",
+					"message": "the test's stand-in for KubeVirt does not migrate"},
+			},
+			"interfaces": []any{map[string]any{"name": "default", "ipAddress": workertest.GuestIP, "ipAddresses": []any{workertest.GuestIP}}},
+		},
+	}}
+	vmi.SetName(name)
+	vmi.SetNamespace(namespace)
+	vmi.SetLabels(labels)
+	vmi.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: name, UID: vm.GetUID(),
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}})
+	if err := cl.Create(ctx, vmi); err != nil {
+		t.Fatalf("the VirtualMachineInstance %s: %v", name, err)
+	}
+	ready := client.RawPatch(types.MergePatchType, []byte(`{"status":{"created":true,"ready":true,"printableStatus":"Running","conditions":[{"type":"Ready","status":"True"}]}}`))
+	if err := cl.Status().Patch(ctx, vm, ready); err != nil {
+		t.Fatalf("the VirtualMachine %s's status: %v", name, err)
+	}
+
+	// stopped is closed once the VMI is gone and QEMU was told to stop.
+	stopped := make(chan struct{})
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := object(ctx, cl, "kubevirt.io/v1", "VirtualMachineInstance", namespace, name); apierrors.IsNotFound(err) {
+				close(stopped)
+				if p, err := os.FindProcess(booted.PID); err == nil {
+					p.Kill()
+				}
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
 	t.Cleanup(func() {
 		select {
-		case err := <-vm.Exited:
-			t.Errorf("the worker VM exited before the test ended: %v", err)
+		case <-stopped:
+			return
+		default:
+		}
+		select {
+		case err := <-booted.Exited:
+			t.Errorf("the worker VM exited while its VirtualMachineInstance was there: %v", err)
 		default:
 		}
 	})
-	return vm, machine
+	return booted, name
+}
+
+// checkMachineProvisioned checks that, with the worker VM running and
+// its Node Ready, Cluster API takes the Node for the Machine's: CAPK
+// reports the KubevirtMachine ready with the provider ID
+// kubevirt://NAME and sets that ID on the tenant's Node (no cloud
+// provider does that for KubeVirt VMs, CAPK says), core links the Machine
+// to the Node (nodeRef, phase Running) and lifts Cluster API's
+// uninitialized taint from it, and the node group's MachineDeployment
+// counts the Machine ready: what the operator's WorkersReady reads.
+func checkMachineProvisioned(ctx context.Context, t *testing.T, cl client.Client, tenantKubectl func(...string) (string, error), namespace, cluster, name string) {
+	t.Helper()
+	providerID := "kubevirt://" + name
+	list := func(apiVersion, kind string) ([]unstructured.Unstructured, error) {
+		var l unstructured.UnstructuredList
+		l.SetAPIVersion(apiVersion)
+		l.SetKind(kind)
+		err := cl.List(ctx, &l, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster})
+		return l.Items, err
+	}
+	poll.Within(t, 5*time.Minute, 2*time.Second, "the worker's Machine provisioned and its Node linked", func() error {
+		km, err := object(ctx, cl, "infrastructure.cluster.x-k8s.io/v1alpha1", "KubevirtMachine", namespace, name)
+		if err != nil {
+			return err
+		}
+		if ready, _, _ := unstructured.NestedBool(km.Object, "status", "ready"); !ready {
+			return fmt.Errorf("KubevirtMachine %s not ready: %v", name, km.Object["status"])
+		}
+		if id, _, _ := unstructured.NestedString(km.Object, "spec", "providerID"); id != providerID {
+			return fmt.Errorf("KubevirtMachine %s: providerID %q, want %q", name, id, providerID)
+		}
+		node, err := tenantKubectl("get", "node", name, "-o", `jsonpath={.spec.providerID}{range .spec.taints[*]} {.key}{end}`)
+		if err != nil {
+			return err
+		}
+		if f := strings.Fields(node); len(f) == 0 || f[0] != providerID {
+			return fmt.Errorf("Node %s: providerID and taints %q, want the providerID %s", name, node, providerID)
+		}
+		if strings.Contains(node, "node.cluster.x-k8s.io/uninitialized") {
+			return fmt.Errorf("Node %s keeps Cluster API's uninitialized taint: %q", name, node)
+		}
+		machines, err := list("cluster.x-k8s.io/v1beta2", "MachineList")
+		if err != nil {
+			return err
+		}
+		if len(machines) != 1 {
+			return fmt.Errorf("%d Machines", len(machines))
+		}
+		m := machines[0].Object
+		nodeRef, _, _ := unstructured.NestedString(m, "status", "nodeRef", "name")
+		phase, _, _ := unstructured.NestedString(m, "status", "phase")
+		if nodeRef != name || phase != "Running" {
+			return fmt.Errorf("Machine %s: nodeRef %q, phase %q", machines[0].GetName(), nodeRef, phase)
+		}
+		mds, err := list("cluster.x-k8s.io/v1beta2", "MachineDeploymentList")
+		if err != nil {
+			return err
+		}
+		if len(mds) != 1 {
+			return fmt.Errorf("%d MachineDeployments", len(mds))
+		}
+		if r, _, _ := unstructured.NestedInt64(mds[0].Object, "status", "readyReplicas"); r != 1 {
+			return fmt.Errorf("MachineDeployment %s: readyReplicas %d", mds[0].GetName(), r)
+		}
+		return nil
+	})
 }
 
 // object fetches apiVersion/kind namespace/name as unstructured.
@@ -609,7 +757,9 @@ func missingDataStore(ctx context.Context, t *testing.T, cl client.Client, names
 
 // clusterAPIGone waits until the tenant's Cluster API objects are gone:
 // its Cluster, KamajiControlPlane, KubevirtCluster, Machines,
-// KubeadmConfigs and the Secrets labelled with its cluster name.
+// KubeadmConfigs, KubevirtMachines, VirtualMachines and their instances,
+// and the Secrets labelled with its cluster name (the bootstrap data and
+// CAPK's copy of it for the VM among them).
 func clusterAPIGone(ctx context.Context, t *testing.T, cl client.Client, namespace, cluster string) {
 	t.Helper()
 	poll.Within(t, 5*time.Minute, time.Second, "the tenant's Cluster API objects gone", func() error {
@@ -626,6 +776,9 @@ func clusterAPIGone(ctx context.Context, t *testing.T, cl client.Client, namespa
 		for _, k := range []struct{ apiVersion, kind string }{
 			{"cluster.x-k8s.io/v1beta2", "MachineList"},
 			{"bootstrap.cluster.x-k8s.io/v1beta2", "KubeadmConfigList"},
+			{"infrastructure.cluster.x-k8s.io/v1alpha1", "KubevirtMachineList"},
+			{"kubevirt.io/v1", "VirtualMachineList"},
+			{"kubevirt.io/v1", "VirtualMachineInstanceList"},
 			{"v1", "SecretList"},
 		} {
 			var list unstructured.UnstructuredList

@@ -22,8 +22,10 @@ import (
 	"testing"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"cozy.dev/cozy/internal/testing/netnstest"
@@ -121,6 +123,25 @@ func CAPIServiceWebhooks(ctx context.Context, namespace, service string, caPEM [
 	return capiCoreWebhooks(ctx, caPEM, func(path string) map[string]any {
 		return map[string]any{"service": map[string]any{"namespace": namespace, "name": service, "path": path, "port": int64(443)}}
 	})
+}
+
+// ConvertThrough sets crd's conversion to Cluster API core's conversion
+// webhook (/convert) behind the Service namespace/service (port 443),
+// trusting caPEM: what core's kustomize patches (config/crd/patches)
+// and cert-manager's CA injection give its CRDs in a release. Without
+// it the API server serves a v1beta2 object as v1beta1 unconverted, and
+// a v1beta1 reader (CAPK v0.11) misses what moved.
+func ConvertThrough(crd *apiextensionsv1.CustomResourceDefinition, namespace, service string, caPEM []byte) {
+	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{
+		Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ConversionReviewVersions: []string{"v1"},
+			ClientConfig: &apiextensionsv1.WebhookClientConfig{
+				Service:  &apiextensionsv1.ServiceReference{Namespace: namespace, Name: service, Path: ptr.To("/convert"), Port: ptr.To(int32(443))},
+				CABundle: caPEM,
+			},
+		},
+	}
 }
 
 // capiCoreWebhooks are Cluster API core's webhook configurations, read

@@ -68,7 +68,7 @@ func PlatformCRDs() []CRDSource {
 	return []CRDSource{
 		{"go.universe.tf/metallb", "v0.15.2", "config/crd"},
 		{"sigs.k8s.io/cluster-api-operator", "v0.29.0", "config/crd"},
-		{"kubevirt.io/kubevirt", "v1.9.0", "manifests/generated/kv-resource.yaml"},
+		{KubeVirtModule, KubeVirtVersion, "manifests/generated/kv-resource.yaml"},
 		{"kubevirt.io/containerized-data-importer", "v1.64.0", "pkg/operator/resources/crds_generated.go"},
 		{SnapshotterClientModule, "v8.6.0", "config/crd"},
 	}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,6 +195,66 @@ func TestPlatformCRDs(t *testing.T) {
 		if !names[want] {
 			t.Errorf("no CRD %s among the %d loaded", want, len(crds))
 		}
+	}
+}
+
+// KubeVirt's VirtualMachine and VirtualMachineInstance CRDs, which
+// virt-operator builds at run time, come out of its module whole: both
+// API versions, each with the kind's schema, VirtualMachine's status a
+// subresource and VirtualMachineInstance's not.
+func TestKubeVirtVMCRDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	crds, err := KubeVirtVMCRDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		field  string // a field of spec only this kind's schema has
+		status bool
+	}{
+		"virtualmachines.kubevirt.io":         {"runStrategy", true},
+		"virtualmachineinstances.kubevirt.io": {"domain", false},
+	}
+	if len(crds) != len(want) {
+		t.Fatalf("%d CRDs, want %d", len(crds), len(want))
+	}
+	for _, crd := range crds {
+		w, ok := want[crd.Name]
+		if !ok {
+			t.Errorf("unexpected CRD %s", crd.Name)
+			continue
+		}
+		var versions []string
+		for _, v := range crd.Spec.Versions {
+			versions = append(versions, fmt.Sprintf("%s served=%t storage=%t", v.Name, v.Served, v.Storage))
+			if v.Schema == nil || v.Schema.OpenAPIV3Schema == nil {
+				t.Errorf("%s %s: no schema", crd.Name, v.Name)
+				continue
+			}
+			if _, ok := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties[w.field]; !ok {
+				t.Errorf("%s %s: no spec.%s in its schema", crd.Name, v.Name, w.field)
+			}
+			if got := v.Subresources != nil && v.Subresources.Status != nil; got != w.status {
+				t.Errorf("%s %s: status subresource %t, want %t", crd.Name, v.Name, got, w.status)
+			}
+		}
+		if got := strings.Join(versions, ", "); got != "v1 served=true storage=true, v1alpha3 served=true storage=false" {
+			t.Errorf("%s: versions %s", crd.Name, got)
+		}
+	}
+}
+
+// A validations file whose schema does not decode is an error naming the
+// kind, not a CRD without validation.
+func TestReadKubeVirtSchemasBroken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "validations_generated.go")
+	src := "package components\n\nvar CRDsValidation = map[string]string{\n\t\"virtualmachine\": `openAPIV3Schema:\n  type: [object`,\n}\n"
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readKubeVirtSchemas(path); err == nil || !strings.Contains(err.Error(), "the schema of virtualmachine") {
+		t.Fatalf("error = %v, want one naming virtualmachine", err)
 	}
 }
 
