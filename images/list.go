@@ -104,9 +104,17 @@ type ChartMaker = upstream.ChartMaker
 
 // ForRack lists the images rack r needs. With charts, the upstream
 // charts Cozy can make are rendered too; those it cannot make, or all of
-// them without charts, are named in NotListed.
-func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker) (*List, error) {
-	b := builder{ctx: ctx, charts: charts, needs: map[string][]string{}}
+// them without charts, are named in NotListed. The control-plane images
+// of tenants at tenantVersions are listed too (Kamaji runs them at each
+// tenant's version, which the rack does not say); without any, NotListed
+// says they are not.
+func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker, tenantVersions ...string) (*List, error) {
+	for _, v := range tenantVersions {
+		if err := v1.CheckVersion(v); err != nil {
+			return nil, fmt.Errorf("tenant %w", err)
+		}
+	}
+	b := builder{ctx: ctx, charts: charts, needs: map[string][]string{}, tenantVersions: tenantVersions}
 	if err := b.talos(r); err != nil {
 		return nil, err
 	}
@@ -117,12 +125,13 @@ func ForRack(ctx context.Context, r *rack.Rack, charts ChartMaker) (*List, error
 }
 
 type builder struct {
-	ctx       context.Context
-	charts    ChartMaker
-	made      map[[2]string]*Chart // chart {name, version} -> the chart
-	needs     map[string][]string  // canonical ref -> needed by
-	notListed []string
-	err       error
+	ctx            context.Context
+	charts         ChartMaker
+	tenantVersions []string
+	made           map[[2]string]*Chart // chart {name, version} -> the chart
+	needs          map[string][]string  // canonical ref -> needed by
+	notListed      []string
+	err            error
 }
 
 func (b *builder) add(ref, neededBy string) {
@@ -305,9 +314,34 @@ func (b *builder) platform(r *rack.Rack) error {
 		// in each tenant's control-plane pod, its agent on each worker.
 		b.add(tenantcluster.KonnectivityServerImage+":"+tenantcluster.KonnectivityVersion, "tenant control planes: konnectivity-server")
 		b.add(tenantcluster.KonnectivityAgentImage+":"+tenantcluster.KonnectivityVersion, "tenant workers: konnectivity-agent")
+		b.tenantControlPlanes()
 		return b.tenantAddons(own, sources)
 	}
 	return nil
+}
+
+// TenantControlPlane are the images Kamaji runs in each tenant's
+// control-plane pod at the tenant's Kubernetes version, under the names
+// it gives them by default (registry.k8s.io/NAME:VERSION), which
+// cozy-operator keeps.
+var TenantControlPlane = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// tenantControlPlanes adds the control-plane images of the tenant
+// versions asked for, or says they are not listed. The workers' disk
+// image of each version is Cozy's own (hack/worker-image.sh), not pulled
+// from upstream: NotListed says how to get it into the mirror.
+func (b *builder) tenantControlPlanes() {
+	if len(b.tenantVersions) == 0 {
+		b.notListed = append(b.notListed, "tenant control planes: "+strings.Join(TenantControlPlane, ", ")+
+			" at each tenant's Kubernetes version (name the versions with --tenant-version)")
+	}
+	for _, v := range b.tenantVersions {
+		for _, name := range TenantControlPlane {
+			b.add("registry.k8s.io/"+name+":"+v, "tenant control planes "+v+": "+name)
+		}
+		b.notListed = append(b.notListed, fmt.Sprintf("tenant workers %s: %s (Cozy's own: hack/worker-image.sh %s, then images mirror --from)",
+			v, workerimage.DefaultRepository+":"+v, v))
+	}
 }
 
 // tenantAddons adds the images of the add-ons cozy-operator creates for

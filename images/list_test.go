@@ -65,6 +65,7 @@ func TestListFollowsTheRack(t *testing.T) {
 	tests := []struct {
 		name      string
 		edit      func(string) string
+		versions  []string          // --tenant-version
 		want      map[string]string // image -> one of what needs it
 		wantNot   []string
 		notListed string
@@ -105,10 +106,26 @@ func TestListFollowsTheRack(t *testing.T) {
 			want:    map[string]string{"registry.example.com/cozy/operator:dev": "cozy-operator"},
 			wantNot: []string{"ghcr.io/cozy-dev/cozy-operator:0.1.0"},
 		},
+		{
+			name:      "no tenant versions named",
+			wantNot:   []string{"registry.k8s.io/kube-scheduler:v1.35.4"},
+			notListed: "tenant control planes: kube-apiserver, kube-controller-manager, kube-scheduler at each tenant's Kubernetes version",
+		},
+		{
+			name:     "tenant versions named",
+			versions: []string{"v1.35.4", "v1.36.3"},
+			want: map[string]string{
+				"registry.k8s.io/kube-apiserver:v1.35.4":          "tenant control planes v1.35.4: kube-apiserver",
+				"registry.k8s.io/kube-controller-manager:v1.35.4": "tenant control planes v1.35.4: kube-controller-manager",
+				"registry.k8s.io/kube-scheduler:v1.35.4":          "tenant control planes v1.35.4: kube-scheduler",
+				"registry.k8s.io/kube-apiserver:v1.36.3":          "tenant control planes v1.36.3: kube-apiserver",
+			},
+			notListed: "tenant workers v1.36.3: cozy.dev/tenant-worker:v1.36.3 (Cozy's own: hack/worker-image.sh v1.36.3",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l, err := ForRack(context.Background(), exampleRack(t, tt.edit), nil)
+			l, err := ForRack(context.Background(), exampleRack(t, tt.edit), nil, tt.versions...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,6 +150,16 @@ func TestListFollowsTheRack(t *testing.T) {
 				t.Errorf("notListed lacks %q: %v", tt.notListed, l.NotListed)
 			}
 		})
+	}
+}
+
+// A tenant version no TenantCluster accepts is refused with the range.
+func TestListRefusesUnsupportedTenantVersion(t *testing.T) {
+	for _, v := range []string{"v1.30.2", "1.36.3", "v1.36"} {
+		_, err := ForRack(context.Background(), exampleRack(t, nil), nil, "v1.36.3", v)
+		if err == nil || !strings.Contains(err.Error(), "tenant version \""+v+"\"") || !strings.Contains(err.Error(), "v1.34.x to v1.37.x") {
+			t.Errorf("%s: %v", v, err)
+		}
 	}
 }
 

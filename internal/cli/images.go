@@ -44,9 +44,18 @@ Not listed yet: images that only other upstream content names: the charts
 no module carries (Kamaji, Piraeus/LINSTOR), the KubeVirt and CDI release
 manifests, the providers the Cluster API operator downloads, the tenants'
 metrics-server chart, Flux's own release manifest, and any chart whose
-module could not be fetched. Each is named in a warning on stderr. Nor are
-the images that depend on a tenant's Kubernetes version: its control plane
-(run by Kamaji) and its workers' disk image (imported by CDI).`
+module could not be fetched. Each is named in a warning on stderr.
+
+A tenant's control plane runs at the tenant's Kubernetes version, which the
+rack does not say: name the versions your tenants will run with
+--tenant-version, and kube-apiserver, kube-controller-manager and
+kube-scheduler of each are listed ("tenant control planes VERSION: ...").
+Their workers' disk image is Cozy's own, not pulled from upstream: build it
+with hack/worker-image.sh VERSION and push it with 'images mirror --from'
+(a warning names it for each version).`
+
+// tenantVersionHelp is the --tenant-version flag's help.
+const tenantVersionHelp = "Kubernetes versions the rack's tenants will run (repeat, or comma-separated): list their control-plane images too"
 
 // moduleProxyHelp is the --module-proxy flag's help.
 const moduleProxyHelp = "Go module proxy the upstream charts' modules come from (default: $GOPROXY, else " + upstream.DefaultProxy + "); off: make no chart, list them as not listed"
@@ -86,6 +95,7 @@ func loadRackOrExample(g *Globals, file string) (*rack.Rack, error) {
 
 func newImagesListCommand(g *Globals) *cobra.Command {
 	var rackFile, moduleProxy string
+	var tenantVersions []string
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Print every image the rack needs, one reference per line",
@@ -121,12 +131,12 @@ says so): its Talos and Kubernetes versions are the defaults.
 			if err != nil {
 				return err
 			}
-			l, err := images.ForRack(cmd.Context(), r, chartMaker(moduleProxy))
+			l, err := images.ForRack(cmd.Context(), r, chartMaker(moduleProxy), tenantVersions...)
 			if err != nil {
 				return err
 			}
 			for _, n := range l.NotListed {
-				g.Logger().Warn("images not listed: upstream content", "source", n)
+				g.Logger().Warn("images not listed", "source", n)
 			}
 			if g.Output == output.Table {
 				_, err := fmt.Fprintln(g.stdout, strings.Join(l.Refs(), "\n"))
@@ -137,6 +147,7 @@ says so): its Talos and Kubernetes versions are the defaults.
 	}
 	cmd.Flags().StringVar(&rackFile, "rack", "", "the rack file (default: the example rack of `cozyctl rack init`)")
 	cmd.Flags().StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
+	cmd.Flags().StringSliceVar(&tenantVersions, "tenant-version", nil, tenantVersionHelp)
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	return cmd
 }
@@ -171,7 +182,7 @@ type mirrorPlan struct {
 // no rack, all of the layout; else the images the rack (or the example
 // rack) needs, from the layout or the upstream registries, and the
 // upstream charts Cozy makes for its platform.
-func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker images.ChartMaker) (*mirrorPlan, error) {
+func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker images.ChartMaker, tenantVersions []string) (*mirrorPlan, error) {
 	p := &mirrorPlan{src: &images.Upstream{}}
 	if from != "" {
 		l, err := images.OpenLayout(from)
@@ -188,12 +199,12 @@ func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker im
 	if err != nil {
 		return nil, err
 	}
-	l, err := images.ForRack(ctx, r, maker)
+	l, err := images.ForRack(ctx, r, maker, tenantVersions...)
 	if err != nil {
 		return nil, err
 	}
 	for _, n := range l.NotListed {
-		g.Logger().Warn("images not listed, so not mirrored: upstream content", "source", n)
+		g.Logger().Warn("images not listed, so not mirrored", "source", n)
 	}
 	p.refs = l.Refs()
 	if r.Platform.Mirror != "" {
@@ -229,6 +240,7 @@ func newImagesMirrorCommand(g *Globals) *cobra.Command {
 	var (
 		rackFile, to, from string
 		moduleProxy        string
+		tenantVersions     []string
 		fromUpstream       bool
 		insecure           bool
 	)
@@ -273,7 +285,7 @@ registry, 'cozyctl registry serve').`,
 			case strings.Contains(to, "://"):
 				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
 			}
-			p, err := planMirror(cmd.Context(), g, from, rackFile, chartMaker(moduleProxy))
+			p, err := planMirror(cmd.Context(), g, from, rackFile, chartMaker(moduleProxy), tenantVersions)
 			if err != nil {
 				return err
 			}
@@ -311,6 +323,7 @@ registry, 'cozyctl registry serve').`,
 	f.StringVar(&rackFile, "rack", "", "copy only the images this rack needs (default: with --from, every image of the layout; with --from-upstream, the example rack's)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
 	f.StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
+	f.StringSliceVar(&tenantVersions, "tenant-version", nil, tenantVersionHelp)
 	_ = cmd.MarkFlagRequired("to")
 	_ = cmd.MarkFlagDirname("from")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")

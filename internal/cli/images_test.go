@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -130,6 +131,30 @@ func TestImagesList(t *testing.T) {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
+	}
+}
+
+// --tenant-version adds each version's tenant control-plane images and
+// names its worker image, which Cozy builds, in a warning; a version no
+// TenantCluster accepts fails before anything is listed.
+func TestImagesListTenantVersions(t *testing.T) {
+	rackFile := exampleRackFile(t, t.TempDir())
+	out, stderr, code := run("images", "list", "--rack", rackFile, "--module-proxy", "off", "--tenant-version", "v1.35.4,v1.36.3")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	for _, want := range []string{"registry.k8s.io/kube-apiserver:v1.35.4", "registry.k8s.io/kube-controller-manager:v1.35.4",
+		"registry.k8s.io/kube-scheduler:v1.36.3"} {
+		if !slices.Contains(strings.Split(out, "\n"), want) {
+			t.Errorf("no %s in\n%s", want, out)
+		}
+	}
+	if want := `source="tenant workers v1.36.3: cozy.dev/tenant-worker:v1.36.3 (Cozy's own: hack/worker-image.sh v1.36.3, then images mirror --from)"`; !strings.Contains(stderr, want) {
+		t.Errorf("stderr lacks %s:\n%s", want, stderr)
+	}
+	out, stderr, code = run("images", "list", "--rack", rackFile, "--module-proxy", "off", "--tenant-version", "v1.30.2")
+	if code == 0 || out != "" || !strings.Contains(stderr, `tenant version "v1.30.2" must be a supported Kubernetes release, v1.34.x to v1.37.x`) {
+		t.Errorf("--tenant-version v1.30.2: exit %d, stdout %q, stderr:\n%s", code, out, stderr)
 	}
 }
 

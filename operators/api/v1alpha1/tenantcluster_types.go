@@ -1,6 +1,10 @@
 package v1alpha1
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,6 +13,38 @@ import (
 // SupportedVersions are the Kubernetes minors a tenant cluster can run;
 // the CRD's version rule lists the same ones.
 var SupportedVersions = []string{"v1.34", "v1.35", "v1.36", "v1.37"}
+
+// CheckVersion says why v is not a version a TenantCluster accepts, in
+// the CRD rule's words, for callers outside the API server (the rule
+// itself is the CRD's; TestCheckVersionMatchesCRD keeps them together).
+func CheckVersion(v string) error {
+	minor, patch, ok := strings.Cut(strings.TrimPrefix(v, "v"), ".")
+	if ok {
+		minor, patch, ok = strings.Cut(patch, ".")
+		minor = "v1." + minor
+	}
+	if !ok || !strings.HasPrefix(v, "v1.") || !slices.Contains(SupportedVersions, minor) || !validPatch(patch) {
+		return fmt.Errorf("version %q must be a supported Kubernetes release, %s.x to %s.x, e.g. %s.2",
+			v, SupportedVersions[0], SupportedVersions[len(SupportedVersions)-1], SupportedVersions[len(SupportedVersions)-1])
+	}
+	return nil
+}
+
+// validPatch: 0, or 1 to 99 without a leading zero, as the CRD's rule.
+func validPatch(p string) bool {
+	if p == "0" {
+		return true
+	}
+	if len(p) == 0 || len(p) > 2 || p[0] == '0' {
+		return false
+	}
+	for _, c := range p {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // TenantCluster is a tenant's Kubernetes cluster: a Kamaji control plane
 // in the management cluster and KubeVirt VMs as workers.
