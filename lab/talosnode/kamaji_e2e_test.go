@@ -104,6 +104,9 @@ type tenantFigures struct {
 	// (kubeadm join, then flannel from the mirror), with the machine's
 	// and QEMU's CPU meanwhile.
 	nodeReady, nodeCPU, qemuCPU time.Duration
+	// machineReady: the worker VM started → its Machine linked to the
+	// Node (CAPK's provider ID) and counted ready by its node group.
+	machineReady time.Duration
 }
 
 // serveKamajiTenant is TestKamajiServesATenant's whole run, which the
@@ -425,7 +428,8 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	f.nodeReady, f.nodeCPU, f.qemuCPU = time.Since(start), machineCPU(t)-cpu0, qemuCPU
 	t.Logf("Node %s was Ready %s after the VM started", workerMachine, f.nodeReady.Round(time.Second))
 	checkMachineProvisioned(ctx, t, mgmt, tenantKubectl, "tenants", "acme", workerMachine)
-	t.Logf("CAPK linked the Node to its Machine, ready in its MachineDeployment, %s after the VM started", time.Since(start).Round(time.Second))
+	f.machineReady = time.Since(start)
+	t.Logf("CAPK linked the Node to its Machine, ready in its MachineDeployment, %s after the VM started", f.machineReady.Round(time.Second))
 
 	// It runs a pod from the mirror (clustertest's probe, which tolerates
 	// the taint nothing lifts here: the cloud provider's, as the
