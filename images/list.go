@@ -314,6 +314,8 @@ func (b *builder) platform(r *rack.Rack) error {
 		// in each tenant's control-plane pod, its agent on each worker.
 		b.add(tenantcluster.KonnectivityServerImage+":"+tenantcluster.KonnectivityVersion, "tenant control planes: konnectivity-server")
 		b.add(tenantcluster.KonnectivityAgentImage+":"+tenantcluster.KonnectivityVersion, "tenant workers: konnectivity-agent")
+		// CoreDNS, Kamaji's add-on in each tenant, at the operator's pin.
+		b.add(tenantcluster.CoreDNSImage+":"+tenantcluster.CoreDNSVersion, "tenant workers: coredns")
 		b.tenantControlPlanes()
 		return b.tenantAddons(own, sources)
 	}

@@ -369,8 +369,10 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 		return err
 	})
 	t.Logf("its admin listed its namespaces %s after it was Ready", time.Since(ready).Round(100*time.Millisecond))
-	if out, err := tenantKubectl("-n", "kube-system", "get", "deployment", "coredns", "-o", "name"); err != nil {
-		t.Errorf("the CoreDNS add-on in the tenant: %s %v", out, err)
+	// CoreDNS at the operator's pin (Talos's), not Kamaji's default.
+	if out, err := tenantKubectl("-n", "kube-system", "get", "deployment", "coredns", "-o", "jsonpath={.spec.template.spec.containers[0].image}"); err != nil ||
+		out != tenantcluster.CoreDNSImage+":"+tenantcluster.CoreDNSVersion {
+		t.Errorf("the CoreDNS add-on in the tenant: image %q (%v), want %s:%s", out, err, tenantcluster.CoreDNSImage, tenantcluster.CoreDNSVersion)
 	}
 
 	// A worker joins it: Cluster API's core makes the node group's

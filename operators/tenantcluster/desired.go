@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/siderolabs/talos/pkg/machinery/constants"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -199,7 +200,8 @@ func desiredKamajiControlPlane(tc *v1.TenantCluster, version, dnsServiceIP strin
 	// it to 10.96.0.10 whatever the range, and its webhook then refuses
 	// the control plane (TestKamajiServesATenant); newer Kamaji computes
 	// this same address.
-	addons := map[string]any{"coreDNS": map[string]any{"dnsServiceIPs": []any{dnsServiceIP}}}
+	addons := map[string]any{"coreDNS": map[string]any{"dnsServiceIPs": []any{dnsServiceIP},
+		"imageRepository": coreDNSRepository, "imageTag": CoreDNSVersion}}
 	if cp.Konnectivity == nil || *cp.Konnectivity {
 		addons["konnectivity"] = konnectivityAddon()
 	}
@@ -248,6 +250,20 @@ const (
 	KonnectivityServerImage = "registry.k8s.io/kas-network-proxy/proxy-server"
 	KonnectivityAgentImage  = "registry.k8s.io/kas-network-proxy/proxy-agent"
 	konnectivityPort        = 8132
+)
+
+// The CoreDNS every tenant runs (Kamaji's CoreDNS add-on): the version
+// the management cluster's own Talos runs (its DefaultCoreDNSVersion), so
+// that one image in the rack's mirror serves both and `images list` can
+// name it. Left to Kamaji, it would be its kubeadm library's choice
+// (v1.11.1 for Kamaji v1.0.0), which no mirror Cozy fills holds. The
+// repository is named too: Kamaji v1.0.0 takes the tag only with it, and
+// kubeadm, which Kamaji renders the add-on with, appends the image's name
+// (registry.k8s.io/coredns + coredns).
+const (
+	CoreDNSImage      = coreDNSRepository + "/coredns"
+	CoreDNSVersion    = constants.DefaultCoreDNSVersion
+	coreDNSRepository = "registry.k8s.io/coredns"
 )
 
 // konnectivityAddon is the KamajiControlPlane's konnectivity add-on. Its
