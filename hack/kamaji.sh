@@ -10,6 +10,7 @@
 #               registry.k8s.io/kube-apiserver:v1.30.2
 #               registry.k8s.io/kube-controller-manager:v1.30.2
 #               registry.k8s.io/kube-scheduler:v1.30.2
+#               and the same three at v1.36.3 (below)
 #               registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2
 #               registry.k8s.io/cluster-api/kubeadm-bootstrap-controller:v1.14.2
 #                 (hack/capi-controllers.sh's managers)
@@ -31,6 +32,14 @@
 # for every Kubernetes version Cozy builds).
 # Kamaji is built in a wrapper module that requires it and carries its
 # go.mod's replace lines (the staging modules at v0.30.2).
+#
+# A TenantCluster runs v1.34 or newer, past v1.0.0's ceiling, and the
+# platform's Kamaji that serves those cannot be built here. So that
+# make e2e can show cozy-operator's controller driving a TenantCluster to
+# Ready, this build also admits tenants up to tenant_version, with the
+# control-plane images of that version (hack/envtest-assets.sh's
+# binaries): Kamaji v1.0.0 run past its supported range, as a stand-in
+# for the platform's, said so wherever a test relies on it.
 #
 # The Kamaji control-plane provider v0.20.0 (the version Cozy's CRDs and
 # cozy-operator's objects are of) requires a Kamaji pseudo-version the
@@ -60,6 +69,7 @@ capi_version=v1.14.2 # hack/capi-controllers.sh's, checked below
 provider_module=github.com/clastix/cluster-api-control-plane-provider-kamaji
 k8s_version=v1.30.2 # Kamaji's upgrade.KubeadmVersion, checked below
 etcd_version=v3.6.10  # hack/envtest-assets.sh's default, so that hack/worker-image.sh v1.30.2 shares this build; the tests' DataStore runs it
+tenant_version=v1.36.3 # hack/envtest-assets.sh's default Kubernetes: the TenantClusters of make e2e run it
 konnectivity_module=sigs.k8s.io/apiserver-network-proxy
 capk_version=v0.11.2 # charts/platform's kubevirtInfrastructureProvider, checked below
 capk_module=sigs.k8s.io/cluster-api-provider-kubevirt
@@ -89,7 +99,7 @@ build_hash="$(cd "$repo" && {
 	cat hack/kamaji.sh hack/capi-controllers.sh hack/debroot.sh hack/kamajiimages/main.go hack/kamajiprovider/kamaji-v1.0.0.patch
 	ls internal/ociimage/*.go | grep -v _test.go | xargs cat
 } | sha256sum | cut -c1-12)"
-out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_konnectivity-${konnectivity_version}_capk-${capk_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
+out="$cache_root/kamaji/${version}_provider-${provider_version}_capi-${capi_version}_k8s-${k8s_version}_konnectivity-${konnectivity_version}_capk-${capk_version}_tenant-${tenant_version}_ca-${ca_deb//[:~+]/_}_build-${build_hash}"
 if [[ -x $out/etcd && -f $out/images/index.json ]]; then
 	echo "$out"
 	exit 0
@@ -97,6 +107,7 @@ fi
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 kube="$("$repo/hack/envtest-assets.sh" "$k8s_version" "$etcd_version")"
+kube_tenant="$("$repo/hack/envtest-assets.sh" "$tenant_version")"
 capi="$("$repo/hack/capi-controllers.sh")"
 [[ $(basename "$capi") == "$capi_version" ]] || die "hack/capi-controllers.sh builds $(basename "$capi"), not $capi_version: update capi_version"
 mkdir -p "$cache_root/kamaji"
@@ -151,6 +162,15 @@ fix internal/webhook/handlers/ds_secrets.go \
 fix internal/resources/datastore/datastore_storage_config.go \
 	$'\tif err := r.Client.Update(ctx, secret); err != nil {' \
 	$'\tif err := r.Client.Patch(ctx, secret, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {'
+# Not a fix: the ceiling the webhook holds a TenantControlPlane's version
+# to (both checks, create and update) becomes tenant_version (above), a
+# constant of its own beside KubeadmVersion, which the upgrade code keeps.
+[[ $(grep -c 'upgrade.KubeadmVersion' "$src/internal/webhook/handlers/tcp_version.go") == 2 ]] ||
+	die "internal/webhook/handlers/tcp_version.go: not two version ceilings: the change does not apply to $version"
+printf '\n// TenantCeiling: cozy hack/kamaji.sh admits tenants up to this version.\nconst TenantCeiling = "%s"\n' "$tenant_version" >>"$src/internal/upgrade/kubeadm_version.go"
+perl -pi -e 's/upgrade\.KubeadmVersion/upgrade.TenantCeiling/g' "$src/internal/webhook/handlers/tcp_version.go"
+[[ $(grep -c 'upgrade.TenantCeiling' "$src/internal/webhook/handlers/tcp_version.go") == 2 ]] ||
+	die "internal/webhook/handlers/tcp_version.go: the ceiling did not change"
 {
 	printf 'module cozy.dev/tools/kamaji\n\ngo 1.26\n\nrequire %s %s\n\nreplace %s %s => ../src\n\n' "$module" "$version" "$module" "$version"
 	go mod edit -json "$moddir/go.mod" |
@@ -213,7 +233,7 @@ log "packing the images"
 (cd "$repo" && GOFLAGS= go build -o "$work/kamajiimages" ./hack/kamajiimages)
 mkdir -p "$work/out"
 "$work/kamajiimages" -o "$work/out/images" -debs "$work/debroot" -kamaji "$work/kamaji.bin" -kamaji-tag "$version" \
-	-kubernetes "$kube" -kubernetes-version "$k8s_version" \
+	-kubernetes "$kube" -kubernetes-version "$k8s_version" -more-kubernetes "$tenant_version=$kube_tenant" \
 	-capi "$capi" -capi-version "$capi_version" -provider "$work/provider.bin" -provider-tag "$provider_version" \
 	-konnectivity "$work/konnectivity-bin" -konnectivity-version "$konnectivity_version" \
 	-capk "$work/capk.bin" -capk-version "$capk_version"

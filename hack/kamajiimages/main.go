@@ -33,6 +33,8 @@ type inputs struct {
 	out, debs         string
 	kamaji, kamajiTag string
 	kubeDir, kubeTag  string
+	// extra are more control-plane versions: VERSION=DIR each.
+	extra controlPlanes
 	capiDir, capiTag  string
 	provider, provTag string
 	konnDir, konnTag  string
@@ -51,6 +53,7 @@ func run() error {
 	flag.StringVar(&in.kamajiTag, "kamaji-tag", "", "Kamaji's version (v1.0.0)")
 	flag.StringVar(&in.kubeDir, "kubernetes", "", "directory of static "+fmt.Sprint(controlPlane)+" binaries")
 	flag.StringVar(&in.kubeTag, "kubernetes-version", "", "their version (v1.30.2)")
+	flag.Var(&in.extra, "more-kubernetes", "VERSION=DIR: the control-plane images of another version too (repeatable)")
 	flag.StringVar(&in.capiDir, "capi", "", "directory of hack/capi-controllers.sh's cluster-api-manager and kubeadm-bootstrap-manager")
 	flag.StringVar(&in.capiTag, "capi-version", "", "their version (v1.14.2)")
 	flag.StringVar(&in.provider, "provider", "", "static Kamaji control-plane provider binary")
@@ -77,6 +80,21 @@ func run() error {
 		return err
 	}
 	return ociimage.WriteNewLayout(in.out, os.Stderr, images...)
+}
+
+// controlPlanes is the repeatable -more-kubernetes flag: a version and
+// the directory of its binaries each.
+type controlPlanes []struct{ version, dir string }
+
+func (c *controlPlanes) String() string { return fmt.Sprint(*c) }
+
+func (c *controlPlanes) Set(v string) error {
+	version, dir, ok := strings.Cut(v, "=")
+	if !ok || !strings.HasPrefix(version, "v") || dir == "" {
+		return fmt.Errorf("%q: want VERSION=DIR", v)
+	}
+	*c = append(*c, struct{ version, dir string }{version, dir})
+	return nil
 }
 
 func kamajiImages(in inputs) ([]ociimage.Image, error) {
@@ -111,14 +129,16 @@ func kamajiImages(in inputs) ([]ociimage.Image, error) {
 	images := []ociimage.Image{kamaji}
 	// Kubernetes' server images: the binary in /usr/local/bin; Kamaji
 	// gives each container its command by name, found through PATH.
-	for _, name := range controlPlane {
-		im, err := image("registry.k8s.io/"+name+":"+in.kubeTag, in.kubeTag, "k8s.io/kubernetes@"+in.kubeTag+" cmd/"+name,
-			ocispec.ImageConfig{Entrypoint: []string{"/usr/local/bin/" + name}},
-			ociimage.File{Path: "/usr/local/bin/" + name, Mode: 0o755, Source: filepath.Join(in.kubeDir, name)})
-		if err != nil {
-			return nil, err
+	for _, cp := range append(controlPlanes{{in.kubeTag, in.kubeDir}}, in.extra...) {
+		for _, name := range controlPlane {
+			im, err := image("registry.k8s.io/"+name+":"+cp.version, cp.version, "k8s.io/kubernetes@"+cp.version+" cmd/"+name,
+				ocispec.ImageConfig{Entrypoint: []string{"/usr/local/bin/" + name}},
+				ociimage.File{Path: "/usr/local/bin/" + name, Mode: 0o755, Source: filepath.Join(cp.dir, name)})
+			if err != nil {
+				return nil, err
+			}
+			images = append(images, im)
 		}
-		images = append(images, im)
 	}
 	// Cluster API's Dockerfile, the Kamaji provider's and CAPK's:
 	// distroless static, /manager as the entrypoint, USER 65532; named as

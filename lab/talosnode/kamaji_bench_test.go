@@ -23,7 +23,7 @@ import (
 // Kamaji reconciled 100 TenantControlPlanes sharing one etcd DataStore in
 // about 7 min 30 s.
 func TestBenchKamajiTenant(t *testing.T) {
-	f := serveKamajiTenant(t)
+	f := serveKamajiTenant(t, false)
 	t.Logf("\ntenant, one control-plane replica and one worker:\n"+
 		"  children applied → its API answers /version             %8s  machine CPU %8s\n"+
 		"  worker VM started (TCG) → its Node Ready                %8s  machine CPU %8s (QEMU %s)\n"+

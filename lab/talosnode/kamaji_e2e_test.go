@@ -89,7 +89,7 @@ const (
 // and no cloud-controller-manager initialises the Node (KubeVirt's does
 // for Cozy's workers).
 func TestKamajiServesATenant(t *testing.T) {
-	f := serveKamajiTenant(t)
+	f := serveKamajiTenant(t, true)
 	t.Logf("the tenant's API answered %s after its children were applied (the machine's CPU: %s); its worker's Node was Ready %s after the VM started (the machine's CPU: %s, QEMU's %s)",
 		f.apiAnswers.Round(100*time.Millisecond), f.apiCPU.Round(100*time.Millisecond),
 		f.nodeReady.Round(time.Second), f.nodeCPU.Round(time.Second), f.qemuCPU.Round(time.Second))
@@ -110,8 +110,8 @@ type tenantFigures struct {
 }
 
 // serveKamajiTenant is TestKamajiServesATenant's whole run, which the
-// tenant benchmark times.
-func serveKamajiTenant(t *testing.T) tenantFigures {
+// tenant benchmark times; withOperator adds operatorTenant at its end.
+func serveKamajiTenant(t *testing.T, withOperator bool) tenantFigures {
 	var f tenantFigures
 	kamaji := testenv.Kamaji(t)
 	ctrllog.SetLogger(logr.Discard()) // controller-runtime's clients here log nothing worth reading
@@ -378,7 +378,7 @@ func serveKamajiTenant(t *testing.T) tenantFigures {
 	// A worker joins it: Cluster API's core makes the node group's
 	// Machine, the kubeadm bootstrap provider renders its user-data, and
 	// Cozy's worker image boots with it under QEMU.
-	vm, workerMachine := joinWorker(ctx, t, mgmt, worker, "tenants", "acme", version)
+	vm, workerMachine := joinWorker(ctx, t, mgmt, worker, "tenants", "acme", version, "COZY_KAMAJI_WORKER_IMAGE")
 	cpu0, start = machineCPU(t), time.Now()
 	poll.Within(t, 10*time.Minute, 2*time.Second, "the worker's Node in the tenant", func() error {
 		out, err := tenantKubectl("get", "node", workerMachine, "-o", `jsonpath={.status.nodeInfo.kubeletVersion} {.metadata.labels.cozy\.dev/tenant}`)
@@ -637,6 +637,12 @@ spec:
 	}
 	if _, err := etcd.RoleGet(ctx, "tenants_acme"); err == nil {
 		t.Error("the tenant's etcd role outlived it")
+	}
+	if withOperator {
+		operatorTenant(ctx, t, c, worker)
+		if n := countKeys(t, ctx, etcd, "/tenants_beta/"); n != 0 {
+			t.Errorf("%d keys under /tenants_beta/ after the TenantCluster's deletion", n)
+		}
 	}
 	return f
 }

@@ -445,10 +445,11 @@ func deleteChildren(ctx context.Context, t *testing.T, cl client.Client, childre
 // node's kube-proxy, and the mirror on the LAN. Once the VM is deleted
 // (and the VMI with it, by the garbage collector), QEMU is stopped, as
 // virt-launcher's pod would be. It returns the VM and its name, which
-// the worker takes as its host name.
-func joinWorker(ctx context.Context, t *testing.T, cl client.Client, worker *clusterNode, namespace, cluster, version string) (workertest.VM, string) {
+// the worker takes as its host name. The image's OCI layout comes from
+// the environment variable imageEnv.
+func joinWorker(ctx context.Context, t *testing.T, cl client.Client, worker *clusterNode, namespace, cluster, version, imageEnv string) (workertest.VM, string) {
 	t.Helper()
-	images := testenv.BuiltDir(t, "COZY_KAMAJI_WORKER_IMAGE", "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
+	images := testenv.BuiltDir(t, imageEnv, "hack/worker-image.sh "+version, "index.json", "disk/"+workerimage.DiskName(version))
 	var vm *unstructured.Unstructured
 	var userDataSecret string
 	poll.Within(t, 5*time.Minute, time.Second, "the VirtualMachine CAPK makes for the worker", func() error {

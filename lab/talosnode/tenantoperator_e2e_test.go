@@ -1,0 +1,312 @@
+//go:build integration && (e2e || bench)
+
+package talosnode_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
+
+	"cozy.dev/cozy/internal/testing/poll"
+	"cozy.dev/cozy/internal/testing/testenv"
+	"cozy.dev/cozy/lab/talosnode"
+	v1 "cozy.dev/cozy/operators/api/v1alpha1"
+	"cozy.dev/cozy/operators/tenantcluster"
+)
+
+// operatorTenantVersion is what the TenantCluster of operatorTenant
+// runs: hack/kamaji.sh's tenant_version, past Kamaji v1.0.0's own ceiling
+// (v1.30.2), which that build lifts to it (a TenantCluster runs v1.34 or
+// newer, and the platform's Kamaji cannot be built here).
+const operatorTenantVersion = "v1.36.3"
+
+// operatorTenant runs cozy-operator's controller (as cmd/cozy-operator
+// runs it: its manager, cache and scheme, the platform's facts as flags
+// would give them: the mirror, no load-balancer pool) in the test's
+// process against the management cluster, and a TenantCluster "beta" at
+// operatorTenantVersion with one control-plane replica, one worker and
+// its add-ons off (their charts cannot be fetched here; flannel stands in
+// for the CNI) goes the whole way: the controller writes its children,
+// Kamaji, Cluster API, the Kamaji provider and CAPK make the tenant, the
+// test boots the VM CAPK asks for (joinWorker), and the TenantCluster's
+// own status reaches Ready, its workers 1/1. Deleting the TenantCluster
+// takes its children, VM and Secrets with it (the controller's finalizer
+// and the garbage collector).
+func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode) {
+	t.Helper()
+	start := time.Now()
+	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme, err := tenantcluster.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	mgmt, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	installOperatorCRDs(ctx, t, mgmt)
+	images := testenv.BuiltDir(t, "COZY_TENANT_WORKER_IMAGE", "hack/worker-image.sh "+operatorTenantVersion, "index.json")
+	mirrorLayout(t, ctx, c.sw, mirrorAddr, images, nil)
+	startOperator(ctx, t, c, rc)
+
+	tc := &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "beta", Namespace: "tenants"},
+		Spec: v1.TenantClusterSpec{
+			Version: operatorTenantVersion,
+			ControlPlane: v1.ControlPlane{
+				Replicas: 1, DataStoreName: "default",
+				Expose: v1.Expose{Type: v1.ExposeClusterIP},
+			},
+			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
+			NodeGroups: []v1.NodeGroup{{
+				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
+				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
+				Labels:    map[string]string{"cozy.dev/tenant": "beta"},
+			}},
+			Addons: v1.Addons{
+				CNI: off(), KubevirtCSI: off(), CloudControllerManager: off(), ClusterAutoscaler: off(), MetricsServer: off(),
+			},
+		},
+	}
+	if err := mgmt.Create(ctx, tc); err != nil {
+		t.Fatalf("the TenantCluster beta: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := c.kubectl("-n", "tenants", "get", "tenantcluster", "beta", "-o", "jsonpath={.status}")
+			t.Logf("beta's status: %s%v", out, err)
+		}
+	})
+	condition := func(typ string) (*metav1.Condition, error) {
+		if err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc), tc); err != nil {
+			return nil, err
+		}
+		c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
+		if c == nil {
+			return nil, fmt.Errorf("no %s condition yet: %+v", typ, tc.Status.Conditions)
+		}
+		return c, nil
+	}
+	poll.Within(t, 5*time.Minute, time.Second, "beta's ControlPlaneReady", func() error {
+		c, err := condition(v1.ConditionControlPlaneReady)
+		if err == nil && c.Status != metav1.ConditionTrue {
+			err = fmt.Errorf("ControlPlaneReady %s %s: %s", c.Status, c.Reason, c.Message)
+		}
+		return err
+	})
+	t.Logf("the TenantCluster beta's control plane was ready %s after it was created: %s", time.Since(start).Round(time.Second), tc.Status.Endpoint)
+
+	// Its worker: the VM CAPK makes from the operator's template boots
+	// Cozy's image at the TenantCluster's version.
+	_, name := joinWorker(ctx, t, mgmt, worker, "tenants", "beta", operatorTenantVersion, "COZY_TENANT_WORKER_IMAGE")
+	if tc.Status.KubeconfigSecretRef == nil {
+		t.Fatal("beta's status names no kubeconfig Secret")
+	}
+	var secret corev1.Secret
+	if err := mgmt.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: tc.Status.KubeconfigSecretRef.Name}, &secret); err != nil {
+		t.Fatal(err)
+	}
+	kubectl := tenantKubectl(ctx, t, worker, secret.Data["value"])
+	endpoint, err := url.Parse(tc.Status.Endpoint)
+	if err != nil {
+		t.Fatalf("beta's endpoint %q: %v", tc.Status.Endpoint, err)
+	}
+	manifests, err := talosnode.TenantFlannel(tc.Spec.Network.PodCIDR, endpoint.Hostname(), 6443)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flannel := filepath.Join(t.TempDir(), "flannel.yaml")
+	if err := os.WriteFile(flannel, manifests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	poll.Within(t, 2*time.Minute, 2*time.Second, "flannel applied in beta", func() error {
+		out, err := kubectl("apply", "-f", flannel)
+		if err != nil {
+			return fmt.Errorf("%s %w", out, err)
+		}
+		return nil
+	})
+
+	// The TenantCluster's own status: Ready, as the operator reads its
+	// children.
+	poll.Within(t, 10*time.Minute, 2*time.Second, "the TenantCluster beta Ready", func() error {
+		c, err := condition(v1.ConditionReady)
+		if err != nil {
+			return err
+		}
+		if c.Status != metav1.ConditionTrue || tc.Status.Phase != v1.PhaseReady || tc.Status.Workers != "1/1" {
+			return fmt.Errorf("Ready %s %s: %s; phase %s, workers %s", c.Status, c.Reason, c.Message, tc.Status.Phase, tc.Status.Workers)
+		}
+		return nil
+	})
+	t.Logf("the TenantCluster beta was Ready %s after it was created: phase %s, workers %s, version %s, Node %s",
+		time.Since(start).Round(time.Second), tc.Status.Phase, tc.Status.Workers, tc.Status.Version, name)
+	if out, err := kubectl("get", "node", name, "-o", "jsonpath={.status.nodeInfo.kubeletVersion} {.spec.providerID}"); err != nil ||
+		out != operatorTenantVersion+" kubevirt://"+name {
+		t.Errorf("beta's Node %s: kubelet and provider ID %q (%v)", name, out, err)
+	}
+
+	// Deleted: the controller's finalizer lets it go once its children
+	// are gone, and Cluster API's, the VM's and the Secrets with them.
+	start = time.Now()
+	if err := mgmt.Delete(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	poll.Within(t, 5*time.Minute, time.Second, "the TenantCluster beta gone", func() error {
+		err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc), &v1.TenantCluster{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	t.Logf("the TenantCluster beta was gone %s after its deletion", time.Since(start).Round(time.Second))
+	clusterAPIGone(ctx, t, mgmt, "tenants", "beta")
+	if kcp, err := object(ctx, mgmt, "controlplane.cluster.x-k8s.io/v1alpha2", "KamajiControlPlane", "tenants", "beta"); !apierrors.IsNotFound(err) {
+		t.Errorf("beta's KamajiControlPlane outlived it: %v %v", kcp.GetFinalizers(), err)
+	}
+}
+
+func off() v1.Addon { return v1.Addon{Enabled: ptr.To(false)} }
+
+// installOperatorCRDs installs the TenantCluster CRD from cozy-operator's
+// chart, and Flux's, whose HelmReleases the controller watches (the
+// platform installs both).
+func installOperatorCRDs(ctx context.Context, t *testing.T, cl client.Client) {
+	t.Helper()
+	var sources []testenv.CRDSource
+	for _, src := range testenv.UpstreamCRDs() {
+		if strings.HasPrefix(src.Module, "github.com/fluxcd/") {
+			sources = append(sources, src)
+		}
+	}
+	crds, err := testenv.LoadCRDs(ctx, sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("../../charts/cozy-operator/crds/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("cozy-operator's CRDs: %v %v", files, err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(data, crd); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		crds = append(crds, crd)
+	}
+	for _, crd := range crds {
+		if err := cl.Create(ctx, crd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Within(t, time.Minute, 500*time.Millisecond, "the TenantCluster and HelmRelease kinds established", func() error {
+		for _, k := range []string{"tenancy.cozy.dev/v1alpha1 TenantClusterList", "helm.toolkit.fluxcd.io/v2 HelmReleaseList"} {
+			var list unstructured.UnstructuredList
+			apiVersion, kind, _ := strings.Cut(k, " ")
+			list.SetAPIVersion(apiVersion)
+			list.SetKind(kind)
+			if err := cl.List(ctx, &list); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// startOperator runs cozy-operator's controller in the test's process
+// until the test ends, as cmd/cozy-operator sets it up, with what the
+// platform would give it: the mirror as the worker images' registry and
+// the rack's registries.mirror (checked from the LAN), no load-balancer
+// pool, the default add-on images.
+func startOperator(ctx context.Context, t *testing.T, c *procCluster, rc *rest.Config) {
+	t.Helper()
+	scheme, err := tenantcluster.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
+		Scheme:                 scheme,
+		Cache:                  tenantcluster.CacheOptions(),
+		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &tenantcluster.Reconciler{
+		Recorder: mgr.GetEventRecorder("cozy-operator"),
+		Addons:   tenantcluster.DefaultAddonConfig(),
+		WorkerImages: tenantcluster.WorkerImages{
+			Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://" + mirrorAddr,
+			Transport: &http.Transport{DialContext: c.sw.DialContext},
+		},
+		NoLoadBalancer: true,
+	}
+	if err := r.SetupWithManager(mgr, 2); err != nil {
+		t.Fatal(err)
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("cozy-operator's manager: %v", err)
+		}
+	})
+}
+
+// tenantKubectl runs kubectl in the worker node's network namespace (where
+// the tenant's ClusterIP Service is routed) with the kubeconfig
+// kubeconfig, written to a file of the test's.
+func tenantKubectl(ctx context.Context, t *testing.T, worker *clusterNode, kubeconfig []byte) func(args ...string) (string, error) {
+	t.Helper()
+	if len(kubeconfig) == 0 {
+		t.Fatal("an empty tenant kubeconfig")
+	}
+	file := filepath.Join(t.TempDir(), "tenant.kubeconfig")
+	if err := os.WriteFile(file, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return func(args ...string) (string, error) {
+		cmd := worker.ns.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", file, "--request-timeout", "20s"}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return stdout.String(), nil
+	}
+}
