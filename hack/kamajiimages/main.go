@@ -34,7 +34,7 @@ type inputs struct {
 	kamaji, kamajiTag string
 	kubeDir, kubeTag  string
 	// extra are more control-plane versions: VERSION=DIR each.
-	extra controlPlanes
+	extra             controlPlanes
 	capiDir, capiTag  string
 	provider, provTag string
 	konnDir, konnTag  string
