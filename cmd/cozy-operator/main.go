@@ -15,7 +15,6 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -167,28 +166,20 @@ func run(args []string) error {
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	cfg.UserAgent = "cozy-operator/" + version.Version
 
-	scheme, err := tenantcluster.Scheme()
+	opts, err := tenantcluster.ManagerOptions()
 	if err != nil {
 		return err
 	}
-	metrics := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
+	opts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure}
 	if o.metricsSecure {
-		metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
+		opts.Metrics.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
-		Cache:                   tenantcluster.CacheOptions(),
-		Client:                  client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                 metrics,
-		HealthProbeBindAddress:  o.probeAddr,
-		PprofBindAddress:        o.pprofAddr,
-		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "cozy-operator.tenancy.cozy.dev",
-		LeaderElectionNamespace: o.leaderNS,
-		// The Lease is given up on a clean stop, so a successor does not
-		// wait out its duration.
-		LeaderElectionReleaseOnCancel: true,
-	})
+	opts.HealthProbeBindAddress, opts.PprofBindAddress = o.probeAddr, o.pprofAddr
+	opts.LeaderElection, opts.LeaderElectionID, opts.LeaderElectionNamespace = o.leaderElect, "cozy-operator.tenancy.cozy.dev", o.leaderNS
+	// The Lease is given up on a clean stop, so a successor does not wait
+	// out its duration.
+	opts.LeaderElectionReleaseOnCancel = true
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -40,7 +39,6 @@ import (
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/internal/testing/workertest"
 	"cozy.dev/cozy/lab/talosnode"
-	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 	"cozy.dev/cozy/operators/tenantcluster"
 )
 
@@ -235,22 +233,8 @@ func serveKamajiTenant(t *testing.T, withOperator bool) tenantFigures {
 	// pool here), Konnectivity on (the default), and one node group of
 	// one worker. The Kamaji provider makes the
 	// TenantControlPlane from the operator's KamajiControlPlane.
-	tc := &v1.TenantCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "acme", Namespace: "tenants", UID: "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"},
-		Spec: v1.TenantClusterSpec{
-			Version: version,
-			ControlPlane: v1.ControlPlane{
-				Replicas: 1, DataStoreName: "default",
-				Expose: v1.Expose{Type: v1.ExposeClusterIP},
-			},
-			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
-			NodeGroups: []v1.NodeGroup{{
-				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
-				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
-				Labels:    map[string]string{"cozy.dev/tenant": "acme"},
-			}},
-		},
-	}
+	tc := sampleTenant("acme", version)
+	tc.UID = "6a1f0c52-2f57-4c38-9d2e-0e3f0a4b7c11"
 	cpu0 := machineCPU(t)
 	start := time.Now()
 	children := applyChildren(ctx, t, mgmt, tc)
@@ -336,24 +320,12 @@ func serveKamajiTenant(t *testing.T, withOperator bool) tenantFigures {
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: "acme-admin-kubeconfig"}, &secret); err != nil {
 		t.Fatal(err)
 	}
-	tenantKubeconfig := filepath.Join(t.TempDir(), "acme.kubeconfig")
-	if err := os.WriteFile(tenantKubeconfig, secret.Data["admin.conf"], 0o600); err != nil {
-		t.Fatal(err)
-	}
 	if want := "server: https://" + apiAddr; !bytes.Contains(secret.Data["admin.conf"], []byte(want)) {
 		t.Errorf("acme's admin kubeconfig has no %q", want)
 	}
 	// tenantKubectlIn runs kubectl with the tenant's admin kubeconfig;
 	// the cleanups' own context outlives the test's.
-	tenantKubectlIn := func(ctx context.Context, args ...string) (string, error) {
-		cmd := worker.ns.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", tenantKubeconfig, "--request-timeout", "20s"}, args...)...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			return "", fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
-		}
-		return stdout.String(), nil
-	}
+	tenantKubectlIn := tenantKubectl(t, worker, secret.Data["admin.conf"])
 	tenantKubectl := func(args ...string) (string, error) { return tenantKubectlIn(ctx, args...) }
 	if out, err := tenantKubectl("get", "--raw", "/version"); err != nil || !strings.Contains(out, `"gitVersion": "`+version+`"`) {
 		t.Errorf("the tenant's /version: %s %v", out, err)

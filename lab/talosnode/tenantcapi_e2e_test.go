@@ -102,22 +102,10 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 	}
 
 	// Established before the managers start and the children come.
-	poll.Within(t, time.Minute, 500*time.Millisecond, "the Cluster API kinds established", func() error {
-		for _, k := range []string{
-			"cluster.x-k8s.io/v1beta2 MachineList", "bootstrap.cluster.x-k8s.io/v1beta2 KubeadmConfigList",
-			"controlplane.cluster.x-k8s.io/v1alpha2 KamajiControlPlaneList", "infrastructure.cluster.x-k8s.io/v1alpha1 KubevirtClusterList",
-			"kubevirt.io/v1 VirtualMachineList", "cdi.kubevirt.io/v1beta1 DataVolumeList",
-		} {
-			var list unstructured.UnstructuredList
-			apiVersion, kind, _ := strings.Cut(k, " ")
-			list.SetAPIVersion(apiVersion)
-			list.SetKind(kind)
-			if err := cl.List(ctx, &list); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	established(ctx, t, cl, "the Cluster API kinds",
+		"cluster.x-k8s.io/v1beta2 MachineList", "bootstrap.cluster.x-k8s.io/v1beta2 KubeadmConfigList",
+		"controlplane.cluster.x-k8s.io/v1alpha2 KamajiControlPlaneList", "infrastructure.cluster.x-k8s.io/v1alpha1 KubevirtClusterList",
+		"kubevirt.io/v1 VirtualMachineList", "cdi.kubevirt.io/v1beta1 DataVolumeList")
 
 	// Each manager in the namespace the platform's Cluster API operator
 	// installs it in (charts/platform, cluster-api-providers), under its
@@ -206,6 +194,24 @@ func startClusterAPI(ctx context.Context, t *testing.T, c *procCluster) {
 		probe.SetName("webhook-probe")
 		if err := cl.Create(ctx, probe, client.DryRunAll); err != nil && strings.Contains(err.Error(), "failed calling webhook") {
 			return err
+		}
+		return nil
+	})
+}
+
+// established waits until the API server lists each of lists ("GROUP/VERSION
+// KindList"): their CRDs are established.
+func established(ctx context.Context, t *testing.T, cl client.Client, what string, lists ...string) {
+	t.Helper()
+	poll.Within(t, time.Minute, 500*time.Millisecond, what+" established", func() error {
+		for _, k := range lists {
+			var list unstructured.UnstructuredList
+			apiVersion, kind, _ := strings.Cut(k, " ")
+			list.SetAPIVersion(apiVersion)
+			list.SetKind(kind)
+			if err := cl.List(ctx, &list); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

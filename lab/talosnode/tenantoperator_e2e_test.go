@@ -19,7 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -76,25 +75,8 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 	mirrorLayout(t, ctx, c.sw, mirrorAddr, images, nil)
 	startOperator(ctx, t, c, rc)
 
-	tc := &v1.TenantCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "beta", Namespace: "tenants"},
-		Spec: v1.TenantClusterSpec{
-			Version: operatorTenantVersion,
-			ControlPlane: v1.ControlPlane{
-				Replicas: 1, DataStoreName: "default",
-				Expose: v1.Expose{Type: v1.ExposeClusterIP},
-			},
-			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
-			NodeGroups: []v1.NodeGroup{{
-				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
-				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
-				Labels:    map[string]string{"cozy.dev/tenant": "beta"},
-			}},
-			Addons: v1.Addons{
-				CNI: off(), KubevirtCSI: off(), CloudControllerManager: off(), ClusterAutoscaler: off(), MetricsServer: off(),
-			},
-		},
-	}
+	tc := sampleTenant("beta", operatorTenantVersion)
+	tc.Spec.Addons = v1.Addons{CNI: off(), KubevirtCSI: off(), CloudControllerManager: off(), ClusterAutoscaler: off(), MetricsServer: off()}
 	if err := mgmt.Create(ctx, tc); err != nil {
 		t.Fatalf("the TenantCluster beta: %v", err)
 	}
@@ -133,7 +115,8 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 	if err := mgmt.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: tc.Status.KubeconfigSecretRef.Name}, &secret); err != nil {
 		t.Fatal(err)
 	}
-	kubectl := tenantKubectl(ctx, t, worker, secret.Data["value"])
+	kubectlIn := tenantKubectl(t, worker, secret.Data["value"])
+	kubectl := func(args ...string) (string, error) { return kubectlIn(ctx, args...) }
 	endpoint, err := url.Parse(tc.Status.Endpoint)
 	if err != nil {
 		t.Fatalf("beta's endpoint %q: %v", tc.Status.Endpoint, err)
@@ -195,6 +178,29 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 
 func off() v1.Addon { return v1.Addon{Enabled: ptr.To(false)} }
 
+// sampleTenant is the tests' TenantCluster name in namespace tenants:
+// one control-plane replica on the DataStore default exposed as
+// ClusterIP (the rack has no load-balancer pool), one node group md0 of
+// one worker labelled with the tenant's name.
+func sampleTenant(name, version string) *v1.TenantCluster {
+	return &v1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "tenants"},
+		Spec: v1.TenantClusterSpec{
+			Version: version,
+			ControlPlane: v1.ControlPlane{
+				Replicas: 1, DataStoreName: "default",
+				Expose: v1.Expose{Type: v1.ExposeClusterIP},
+			},
+			Network: v1.Network{PodCIDR: "10.243.0.0/16", ServiceCIDR: "10.95.0.0/16", DNSDomain: "cluster.local"},
+			NodeGroups: []v1.NodeGroup{{
+				Name: "md0", Replicas: ptr.To[int32](1), DiskSize: "20Gi",
+				Resources: &v1.Resources{CPU: 2, Memory: "2Gi"},
+				Labels:    map[string]string{"cozy.dev/tenant": name},
+			}},
+		},
+	}
+}
+
 // installOperatorCRDs installs the TenantCluster CRD from cozy-operator's
 // chart, and Flux's, whose HelmReleases the controller watches (the
 // platform installs both).
@@ -230,18 +236,7 @@ func installOperatorCRDs(ctx context.Context, t *testing.T, cl client.Client) {
 			t.Fatal(err)
 		}
 	}
-	poll.Within(t, time.Minute, 500*time.Millisecond, "the TenantCluster and HelmRelease kinds established", func() error {
-		for _, k := range []string{"tenancy.cozy.dev/v1alpha1 TenantClusterList", "helm.toolkit.fluxcd.io/v2 HelmReleaseList"} {
-			var list unstructured.UnstructuredList
-			apiVersion, kind, _ := strings.Cut(k, " ")
-			list.SetAPIVersion(apiVersion)
-			list.SetKind(kind)
-			if err := cl.List(ctx, &list); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	established(ctx, t, cl, "the TenantCluster and HelmRelease kinds", "tenancy.cozy.dev/v1alpha1 TenantClusterList", "helm.toolkit.fluxcd.io/v2 HelmReleaseList")
 }
 
 // startOperator runs cozy-operator's controller in the test's process
@@ -251,17 +246,12 @@ func installOperatorCRDs(ctx context.Context, t *testing.T, cl client.Client) {
 // pool, the default add-on images.
 func startOperator(ctx context.Context, t *testing.T, c *procCluster, rc *rest.Config) {
 	t.Helper()
-	scheme, err := tenantcluster.Scheme()
+	opts, err := tenantcluster.ManagerOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := ctrl.NewManager(rc, ctrl.Options{
-		Scheme:                 scheme,
-		Cache:                  tenantcluster.CacheOptions(),
-		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
+	opts.Metrics, opts.HealthProbeBindAddress = metricsserver.Options{BindAddress: "0"}, "0"
+	mgr, err := ctrl.NewManager(rc, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,9 +279,10 @@ func startOperator(ctx context.Context, t *testing.T, c *procCluster, rc *rest.C
 }
 
 // tenantKubectl runs kubectl in the worker node's network namespace (where
-// the tenant's ClusterIP Service is routed) with the kubeconfig
-// kubeconfig, written to a file of the test's.
-func tenantKubectl(ctx context.Context, t *testing.T, worker *clusterNode, kubeconfig []byte) func(args ...string) (string, error) {
+// the tenant's ClusterIP Service is routed) with kubeconfig, written to a
+// file of the test's; each call's context is its own, so that cleanups
+// can outlive the test's.
+func tenantKubectl(t *testing.T, worker *clusterNode, kubeconfig []byte) func(ctx context.Context, args ...string) (string, error) {
 	t.Helper()
 	if len(kubeconfig) == 0 {
 		t.Fatal("an empty tenant kubeconfig")
@@ -300,8 +291,9 @@ func tenantKubectl(ctx context.Context, t *testing.T, worker *clusterNode, kubec
 	if err := os.WriteFile(file, kubeconfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return func(args ...string) (string, error) {
-		cmd := worker.ns.Command(ctx, filepath.Join(testenv.AssetsDir(t), "kubectl"), append([]string{"--kubeconfig", file, "--request-timeout", "20s"}, args...)...)
+	kubectl := filepath.Join(testenv.AssetsDir(t), "kubectl")
+	return func(ctx context.Context, args ...string) (string, error) {
+		cmd := worker.ns.Command(ctx, kubectl, append([]string{"--kubeconfig", file, "--request-timeout", "20s"}, args...)...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {

@@ -85,19 +85,17 @@ func startOperator(t *testing.T) *operatorEnv {
 // with or without leader election (a Lease in cozy-system).
 func newManager(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, leaderElect bool, images WorkerImages, opts ...func(*Reconciler)) ctrl.Manager {
 	t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Cache:                         CacheOptions(),
-		Client:                        client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
-		LeaderElection:                leaderElect,
-		LeaderElectionID:              "cozy-operator.tenancy.cozy.dev",
-		LeaderElectionNamespace:       "cozy-system",
-		LeaderElectionReleaseOnCancel: true,
-		// Several managers run in one test binary.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	mo, err := ManagerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mo.Scheme = scheme
+	mo.Metrics, mo.HealthProbeBindAddress = metricsserver.Options{BindAddress: "0"}, "0"
+	mo.LeaderElection, mo.LeaderElectionID, mo.LeaderElectionNamespace = leaderElect, "cozy-operator.tenancy.cozy.dev", "cozy-system"
+	mo.LeaderElectionReleaseOnCancel = true
+	// Several managers run in one test binary.
+	mo.Controller = config.Controller{SkipNameValidation: ptr.To(true)}
+	mgr, err := ctrl.NewManager(cfg, mo)
 	if err != nil {
 		t.Fatal(err)
 	}

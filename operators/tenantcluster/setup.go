@@ -68,6 +68,22 @@ func CacheOptions() cache.Options {
 	}
 }
 
+// ManagerOptions are the manager options every run of the controller
+// shares (cozy-operator and the tests): its Scheme, its CacheOptions, and
+// unstructured reads served from that cache too. Callers add metrics,
+// probes and leader election.
+func ManagerOptions() (ctrl.Options, error) {
+	s, err := Scheme()
+	if err != nil {
+		return ctrl.Options{}, err
+	}
+	return ctrl.Options{
+		Scheme: s,
+		Cache:  CacheOptions(),
+		Client: client.Options{Cache: &client.CacheOptions{Unstructured: true}},
+	}, nil
+}
+
 // tenantClusterChanged passes the updates the controller acts on: a new
 // spec (generation), a deletion, labels or annotations. Its own status
 // and finalizer writes come back as updates that change none of these.

@@ -558,20 +558,15 @@ spec:
 // the chart made, with the RBAC Flux installed: what the chart does not
 // grant fails.
 func startOperator(t *testing.T, env *testenv.Env, addons tenantcluster.AddonConfig) {
-	scheme, err := tenantcluster.Scheme()
+	opts, err := tenantcluster.ManagerOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
+	opts.Metrics, opts.HealthProbeBindAddress = metricsserver.Options{BindAddress: "0"}, "0"
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:cozy-system:cozy-operator"}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Cache:                  tenantcluster.CacheOptions(),
-		Client:                 client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
+	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
