@@ -322,24 +322,18 @@ func (b *builder) platform(r *rack.Rack) error {
 	return nil
 }
 
-// TenantControlPlane are the images Kamaji runs in each tenant's
-// control-plane pod at the tenant's Kubernetes version, under the names
-// it gives them by default (registry.k8s.io/NAME:VERSION), which
-// cozy-operator keeps.
-var TenantControlPlane = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
-
 // tenantControlPlanes adds the control-plane images of the tenant
 // versions asked for, or says they are not listed. The workers' disk
 // image of each version is Cozy's own (hack/worker-image.sh), not pulled
 // from upstream: NotListed says how to get it into the mirror.
 func (b *builder) tenantControlPlanes() {
 	if len(b.tenantVersions) == 0 {
-		b.notListed = append(b.notListed, "tenant control planes: "+strings.Join(TenantControlPlane, ", ")+
+		b.notListed = append(b.notListed, "tenant control planes: "+strings.Join(tenantcluster.ControlPlaneComponents, ", ")+
 			" at each tenant's Kubernetes version (name the versions with --tenant-version)")
 	}
 	for _, v := range b.tenantVersions {
-		for _, name := range TenantControlPlane {
-			b.add("registry.k8s.io/"+name+":"+v, "tenant control planes "+v+": "+name)
+		for i, ref := range tenantcluster.ControlPlaneImages(v) {
+			b.add(ref, "tenant control planes "+v+": "+tenantcluster.ControlPlaneComponents[i])
 		}
 		b.notListed = append(b.notListed, fmt.Sprintf("tenant workers %s: %s (Cozy's own: hack/worker-image.sh %s, then images mirror --from)",
 			v, workerimage.DefaultRepository+":"+v, v))

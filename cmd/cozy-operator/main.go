@@ -89,7 +89,7 @@ func parse(args []string) (*options, error) {
 	})
 	fs.BoolVar(&o.loadBalancer, "load-balancer", true, "Services of type LoadBalancer get an address in this cluster (false: the platform has no load-balancer pool, and TenantClusters exposed so say why they wait)")
 	fs.BoolVar(&o.workerImages.Insecure, "worker-image-insecure", false, "the worker image registry speaks plain HTTP")
-	fs.StringVar(&o.workerImages.Mirror, "worker-registry-mirror", "", "the rack's registry mirror, http(s)://HOST[:PORT]: workers pull docker.io, ghcr.io, quay.io and registry.k8s.io images through it (HOST/v2/REGISTRY/...); empty: from those registries")
+	fs.StringVar(&o.workerImages.Mirror, "worker-registry-mirror", "", "the rack's registry mirror, http(s)://HOST[:PORT]: workers pull docker.io, ghcr.io, quay.io and registry.k8s.io images through it (HOST/v2/REGISTRY/...), and the operator looks there for the images of each tenant's control plane; empty: from those registries")
 	fs.Func("worker-registry-mirror-for", "HOST=URL[,URL...]: workers pull HOST's images from these mirror endpoints, in order (the rack's registries.mirrors; HOST * for every other registry; repeatable)", func(s string) error {
 		host, list, ok := strings.Cut(s, "=")
 		if !ok || list == "" {

@@ -156,6 +156,8 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 		t.Errorf("beta's Node %s: kubelet and provider ID %q (%v)", name, out, err)
 	}
 
+	missingImages(ctx, t, mgmt)
+
 	// Deleted: the controller's finalizer lets it go once its children
 	// are gone, and Cluster API's, the VM's and the Secrets with them.
 	start = time.Now()
@@ -174,6 +176,51 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 	if kcp, err := object(ctx, mgmt, "controlplane.cluster.x-k8s.io/v1alpha2", "KamajiControlPlane", "tenants", "beta"); !apierrors.IsNotFound(err) {
 		t.Errorf("beta's KamajiControlPlane outlived it: %v %v", kcp.GetFinalizers(), err)
 	}
+}
+
+// missingImages: a TenantCluster at a version the rack's mirror has
+// neither the control-plane images nor the worker image of (v1.35.4)
+// says so in its status, naming them, instead of leaving Kamaji's pods
+// in ImagePullBackOff and its workers importing nothing; deleted, it
+// goes.
+func missingImages(ctx context.Context, t *testing.T, mgmt client.Client) {
+	t.Helper()
+	const version = "v1.35.4"
+	tc := sampleTenant("gamma", version)
+	tc.Spec.Addons = v1.Addons{CNI: off(), KubevirtCSI: off(), CloudControllerManager: off(), ClusterAutoscaler: off(), MetricsServer: off()}
+	if err := mgmt.Create(ctx, tc); err != nil {
+		t.Fatalf("the TenantCluster gamma: %v", err)
+	}
+	want := map[string]string{
+		v1.ConditionControlPlaneReady: tenantcluster.ReasonControlPlaneImageMissing + ": the control plane at " + version + " waits for registry.k8s.io/kube-apiserver:" + version,
+		v1.ConditionWorkersReady:      tenantcluster.ReasonWorkerImageMissing + ": node group md0 waits for its worker image " + mirrorAddr + "/cozy.dev/tenant-worker:" + version,
+	}
+	poll.Within(t, 2*time.Minute, time.Second, "gamma's status naming the images it lacks", func() error {
+		if err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc), tc); err != nil {
+			return err
+		}
+		for typ, w := range want {
+			c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
+			if c == nil || c.Status != metav1.ConditionFalse || !strings.HasPrefix(c.Reason+": "+c.Message, w) {
+				return fmt.Errorf("%s: %+v, want False %s", typ, c, w)
+			}
+		}
+		return nil
+	})
+	for _, typ := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady} {
+		c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
+		t.Logf("gamma at %s: %s %s %s: %s", version, typ, c.Status, c.Reason, c.Message)
+	}
+	if err := mgmt.Delete(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	poll.Within(t, 5*time.Minute, time.Second, "the TenantCluster gamma gone", func() error {
+		if err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc), &v1.TenantCluster{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	clusterAPIGone(ctx, t, mgmt, "tenants", "gamma")
 }
 
 func off() v1.Addon { return v1.Addon{Enabled: ptr.To(false)} }

@@ -152,6 +152,12 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 			res.RequeueAfter = workerImageRetry // someone may push it
 		}
 	}
+	facts := platformFacts{Held: held, NoLoadBalancer: r.NoLoadBalancer}
+	if !cp.Ready || cp.Status != versions.ControlPlane {
+		if facts.ControlPlaneImagesMissing = r.missingControlPlaneImages(ctx, tc, versions.ControlPlane); facts.ControlPlaneImagesMissing != "" {
+			res.RequeueAfter = workerImageRetry // someone may push them
+		}
+	}
 	r.announceUpgrade(tc, cp, versions, o)
 	created, err := r.applyAll(ctx, desired, existing)
 	if err != nil {
@@ -169,7 +175,7 @@ func (r *Reconciler) reconcile(ctx context.Context, tc *v1.TenantCluster) (ctrl.
 		// TenantCluster back.
 		return res, nil
 	}
-	return res, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc), platformFacts{Held: held, NoLoadBalancer: r.NoLoadBalancer}))
+	return res, r.updateStatus(ctx, tc, computeStatus(tc, o, versions, EnabledAddons(tc), facts))
 }
 
 // applyParallelism bounds the applies one reconcile has in flight. The

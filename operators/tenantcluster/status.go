@@ -24,6 +24,10 @@ type platformFacts struct {
 	// NoLoadBalancer: Services of type LoadBalancer get no address in
 	// this cluster (the platform has no load-balancer pool).
 	NoLoadBalancer bool
+	// ControlPlaneImagesMissing says which images of the control plane's
+	// version the rack's registry mirror lacks; "" when none (or
+	// unknown).
+	ControlPlaneImagesMissing string
 }
 
 // Observed is what the controller read of a TenantCluster's children.
@@ -87,7 +91,7 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 		st.KubeconfigSecretRef = nil
 	}
 
-	set(controlPlaneCondition(tc, o, v, cp, p.NoLoadBalancer))
+	set(controlPlaneCondition(tc, o, v, cp, p))
 	workers := observeWorkers(tc, o, p.Held)
 	st.ReadyWorkers, st.DesiredWorkers = workers.ready, workers.desired
 	st.Workers = fmt.Sprintf("%d/%d", workers.ready, workers.desired)
@@ -101,7 +105,7 @@ func computeStatus(tc *v1.TenantCluster, o Observed, v Versions, addons []string
 
 // controlPlaneCondition is ControlPlaneReady: the Kamaji control plane
 // ready at the TenantCluster's version, upgrading to it, or why not.
-func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp controlPlaneState, noLoadBalancer bool) metav1.Condition {
+func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp controlPlaneState, p platformFacts) metav1.Condition {
 	switch {
 	case cp.Ready && cp.Status == tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionTrue, Reason: ReasonAvailable,
@@ -113,10 +117,15 @@ func controlPlaneCondition(tc *v1.TenantCluster, o Observed, v Versions, cp cont
 		// say why rather than "waiting".
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonProviderError,
 			Message: "the Kamaji control-plane provider reports TenantControlPlaneCreated False: " + firstLine(cp.NotCreated)}
+	case p.ControlPlaneImagesMissing != "":
+		// Kamaji's pods would wait in ImagePullBackOff, also during an
+		// upgrade, which would otherwise say "upgrading" for ever.
+		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonControlPlaneImageMissing,
+			Message: p.ControlPlaneImagesMissing}
 	case cp.Status != "" && cp.Status != tc.Spec.Version:
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonUpgrading,
 			Message: upgradeMessage(cp, v, tc.Spec.Version)}
-	case noLoadBalancer && tc.Spec.ControlPlane.Expose.Type == v1.ExposeLoadBalancer && !cp.Initialized:
+	case p.NoLoadBalancer && tc.Spec.ControlPlane.Expose.Type == v1.ExposeLoadBalancer && !cp.Initialized:
 		// Kamaji would wait for the Service's address for ever.
 		return metav1.Condition{Type: v1.ConditionControlPlaneReady, Status: metav1.ConditionFalse, Reason: ReasonNoLoadBalancer,
 			Message: "the API server is exposed as a LoadBalancer Service (the default), and the platform has no load-balancer pool " +

@@ -134,8 +134,10 @@ func TestComputeStatus(t *testing.T) {
 		o     func() Observed
 		held  map[string]hold
 		noLB  bool
-		edit  func(*v1.TenantCluster)
-		want  want
+		// cpMissing: what the registry mirror lacks of the control plane.
+		cpMissing string
+		edit      func(*v1.TenantCluster)
+		want      want
 	}{
 		{name: "new group waits for its image", o: withoutAuto, held: map[string]hold{"auto": {ReasonWorkerImageMissing, "node group auto waits for its worker image"}}, want: want{
 			phase: v1.PhaseProvisioning, workers: "3/4", controlPlane: "True/Available",
@@ -192,6 +194,21 @@ func TestComputeStatus(t *testing.T) {
 			controlPlane: "False/ProviderError: the Kamaji control-plane provider reports TenantControlPlaneCreated False: cannot create or update TenantControlPlane: admission webhook \"vtenantcontrolplane.kb.io\" denied the request: gone DataStore does not exist",
 			workersC:     "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady: ControlPlaneReady: the Kamaji control-plane provider reports",
 		}},
+		// The mirror lacks the control plane's images: said, not "waiting".
+		{name: "control-plane images missing", o: func() Observed { return Observed{ControlPlane: kcp("v1.37.0", "", false)} },
+			cpMissing: "the control plane at v1.37.0 waits for registry.k8s.io/kube-apiserver:v1.37.0", want: want{
+				phase: v1.PhaseProvisioning, workers: "0/4",
+				controlPlane: "False/ControlPlaneImageMissing: the control plane at v1.37.0 waits for registry.k8s.io/kube-apiserver:v1.37.0",
+				workersC:     "False/Scaling", add: "False/WaitingForKubeconfig", ready: "False/NotReady: ControlPlaneReady: the control plane at v1.37.0 waits",
+			}},
+		// ... and during an upgrade, which would otherwise say "upgrading"
+		// for ever.
+		{name: "upgrade waits for the control-plane images", prior: v1.PhaseReady, o: midUpgrade,
+			cpMissing: "the control plane at v1.37.0 waits for registry.k8s.io/kube-scheduler:v1.37.0", want: want{
+				phase: v1.PhaseUpgrading, workers: "5/5",
+				controlPlane: "False/ControlPlaneImageMissing: the control plane at v1.37.0 waits for registry.k8s.io/kube-scheduler:v1.37.0",
+				workersC:     "False/Upgrading", add: "True/Available", ready: "False/NotReady",
+			}},
 		// An upgrade Kamaji refuses is not shown as one under way.
 		{name: "upgrade refused", prior: v1.PhaseReady, o: refusedIn(midUpgrade, "version v1.37.0 is not supported\nsecond line"), want: want{
 			phase: v1.PhaseUpgrading, workers: "5/5",
@@ -249,7 +266,7 @@ func TestComputeStatus(t *testing.T) {
 				tt.edit(tc)
 			}
 			o := tt.o()
-			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc), platformFacts{Held: tt.held, NoLoadBalancer: tt.noLB})
+			st := computeStatus(tc, o, plan(tc.Spec.Version, readControlPlane(o.ControlPlane), o.MachineDeployments), EnabledAddons(tc), platformFacts{Held: tt.held, NoLoadBalancer: tt.noLB, ControlPlaneImagesMissing: tt.cpMissing})
 			if st.Phase != tt.want.phase || st.Workers != tt.want.workers || st.ObservedGeneration != 3 {
 				t.Errorf("phase %s workers %s generation %d; want %s %s 3", st.Phase, st.Workers, st.ObservedGeneration, tt.want.phase, tt.want.workers)
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,7 +60,11 @@ func (w WorkerImages) Ref(version string) string {
 // cannot tell (unreachable, refused, not a registry).
 func (w WorkerImages) Check(ctx context.Context, ref string) error {
 	var opts []name.Option
-	if w.Insecure {
+	insecure := w.Insecure
+	if host, plain := w.mirrorHost(); plain && strings.HasPrefix(ref, host+"/") {
+		insecure = true // the rack's mirror, over plain HTTP
+	}
+	if insecure {
 		opts = append(opts, name.Insecure)
 	}
 	r, err := name.ParseReference(ref, opts...)
@@ -68,7 +74,7 @@ func (w WorkerImages) Check(ctx context.Context, ref string) error {
 	ctx, cancel := context.WithTimeout(ctx, imageCheckTimeout)
 	defer cancel()
 	_, err = remote.Head(r, remote.WithContext(ctx), remote.WithUserAgent("cozy-operator"),
-		remote.WithTransport(httpguard.Transport{Base: w.Transport, AllowHTTP: w.Insecure}))
+		remote.WithTransport(httpguard.Transport{Base: w.Transport, AllowHTTP: insecure}))
 	var te *transport.Error
 	if errors.As(err, &te) && te.StatusCode == http.StatusNotFound {
 		return errImageMissing
@@ -77,6 +83,27 @@ func (w WorkerImages) Check(ctx context.Context, ref string) error {
 }
 
 var errImageMissing = errors.New("not in the registry")
+
+// mirrorHost is the host of the rack's registry mirror (Mirror), and
+// whether it is reached over plain HTTP; "" without a mirror.
+func (w WorkerImages) mirrorHost() (string, bool) {
+	u, err := url.Parse(w.Mirror)
+	if w.Mirror == "" || err != nil {
+		return "", false
+	}
+	return u.Host, u.Scheme == "http"
+}
+
+// InMirror is where the rack's registry mirror keeps image: under its
+// registry host, as `cozyctl images mirror` names it
+// (HOST/registry.k8s.io/kube-apiserver:v1.36.3); "" without a mirror.
+func (w WorkerImages) InMirror(image string) string {
+	host, _ := w.mirrorHost()
+	if host == "" {
+		return ""
+	}
+	return host + "/" + image
+}
 
 // imageCheckTimeout bounds one HEAD: a reconcile must not hang on a
 // registry that does not answer.
