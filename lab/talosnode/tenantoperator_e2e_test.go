@@ -54,7 +54,6 @@ const operatorTenantVersion = "v1.36.3"
 // and the garbage collector).
 func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *clusterNode) {
 	t.Helper()
-	start := time.Now()
 	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +76,7 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, worker *c
 
 	tc := sampleTenant("beta", operatorTenantVersion)
 	tc.Spec.Addons = v1.Addons{CNI: off(), KubevirtCSI: off(), CloudControllerManager: off(), ClusterAutoscaler: off(), MetricsServer: off()}
+	start := time.Now()
 	if err := mgmt.Create(ctx, tc); err != nil {
 		t.Fatalf("the TenantCluster beta: %v", err)
 	}
