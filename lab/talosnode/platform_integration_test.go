@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -246,21 +245,15 @@ func serveGit(t *testing.T, c *procCluster, root string) {
 	})
 }
 
-// restConfig reaches the cluster's API through its first control plane's
-// address on host loopback, as its admin.
-func restConfig(t *testing.T, c *procCluster) *rest.Config {
+// clusterClient is a client of the cluster's API, through its first
+// control plane's address on host loopback.
+func clusterClient(t *testing.T, c *procCluster) client.Client {
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rc
-}
-
-// clusterClient is a client of the cluster's API (restConfig).
-func clusterClient(t *testing.T, c *procCluster) client.Client {
-	t.Helper()
-	cl, err := client.New(restConfig(t, c), client.Options{})
+	cl, err := client.New(rc, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
