@@ -38,7 +38,6 @@ import (
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/internal/testing/workertest"
-	"cozy.dev/cozy/lab/talosnode"
 	"cozy.dev/cozy/operators/tenantcluster"
 )
 
@@ -366,14 +365,7 @@ func serveKamajiTenant(t *testing.T, withOperator bool) tenantFigures {
 
 	// With a CNI the Node is Ready. The worker pulls flannel through the
 	// mirror the operator's user-data names (the lab's images are there).
-	manifests, err := talosnode.TenantFlannel(tc.Spec.Network.PodCIDR, apiHost, 6443)
-	if err != nil {
-		t.Fatal(err)
-	}
-	flannel := filepath.Join(t.TempDir(), "flannel.yaml")
-	if err := os.WriteFile(flannel, manifests, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	flannel := tenantFlannel(t, tc.Spec.Network.PodCIDR, apiHost)
 	if out, err := tenantKubectl("apply", "-f", flannel); err != nil {
 		t.Fatalf("flannel in the tenant: %s %v", out, err)
 	}
@@ -611,7 +603,7 @@ spec:
 		t.Error("the tenant's etcd role outlived it")
 	}
 	if withOperator {
-		operatorTenant(ctx, t, c, worker)
+		operatorTenant(ctx, t, c, mgmt, worker)
 		if n := countKeys(t, ctx, etcd, "/tenants_beta/"); n != 0 {
 			t.Errorf("%d keys under /tenants_beta/ after the TenantCluster's deletion", n)
 		}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -245,15 +246,21 @@ func serveGit(t *testing.T, c *procCluster, root string) {
 	})
 }
 
-// clusterClient is a client of the cluster's API, through its first
-// control plane's address on host loopback.
-func clusterClient(t *testing.T, c *procCluster) client.Client {
+// restConfig reaches the cluster's API through its first control plane's
+// address on host loopback, as its admin.
+func restConfig(t *testing.T, c *procCluster) *rest.Config {
 	t.Helper()
 	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(rc, client.Options{})
+	return rc
+}
+
+// clusterClient is a client of the cluster's API (restConfig).
+func clusterClient(t *testing.T, c *procCluster) client.Client {
+	t.Helper()
+	cl, err := client.New(restConfig(t, c), client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

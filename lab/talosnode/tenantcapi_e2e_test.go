@@ -20,12 +20,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -338,15 +339,16 @@ func webhookCerts(t *testing.T, host string) map[string][]byte {
 }
 
 // managementClient is a client of the cluster's API that knows Cluster
-// API's kinds.
+// API's kinds, TenantClusters and CRDs.
 func managementClient(t *testing.T, c *procCluster) client.Client {
 	t.Helper()
 	scheme := workertest.Scheme(t)
-	rc, err := clientcmd.BuildConfigFromFlags("https://"+c.nodes[0].kubeAPI, c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
+	for _, add := range []func(*runtime.Scheme) error{v1.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cl, err := client.New(rc, client.Options{Scheme: scheme})
+	cl, err := client.New(restConfig(t, c), client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,16 +461,14 @@ func joinWorker(ctx context.Context, t *testing.T, cl client.Client, worker *clu
 	var vm *unstructured.Unstructured
 	var userDataSecret string
 	poll.Within(t, 5*time.Minute, time.Second, "the VirtualMachine CAPK makes for the worker", func() error {
-		var list unstructured.UnstructuredList
-		list.SetAPIVersion("kubevirt.io/v1")
-		list.SetKind("VirtualMachineList")
-		if err := cl.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster}); err != nil {
+		vms, err := clusterObjects(ctx, cl, "kubevirt.io/v1", "VirtualMachineList", namespace, cluster)
+		if err != nil {
 			return err
 		}
-		if len(list.Items) != 1 {
-			return fmt.Errorf("%d VirtualMachines", len(list.Items))
+		if len(vms) != 1 {
+			return fmt.Errorf("%d VirtualMachines", len(vms))
 		}
-		vm = &list.Items[0]
+		vm = &vms[0]
 		volumes, _, _ := unstructured.NestedSlice(vm.Object, "spec", "template", "spec", "volumes")
 		for _, v := range volumes {
 			if name, ok, _ := unstructured.NestedString(v.(map[string]any), "cloudInitConfigDrive", "secretRef", "name"); ok {
@@ -563,11 +563,7 @@ func checkMachineProvisioned(ctx context.Context, t *testing.T, cl client.Client
 	t.Helper()
 	providerID := "kubevirt://" + name
 	list := func(apiVersion, kind string) ([]unstructured.Unstructured, error) {
-		var l unstructured.UnstructuredList
-		l.SetAPIVersion(apiVersion)
-		l.SetKind(kind)
-		err := cl.List(ctx, &l, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster})
-		return l.Items, err
+		return clusterObjects(ctx, cl, apiVersion, kind, namespace, cluster)
 	}
 	poll.Within(t, 5*time.Minute, 2*time.Second, "the worker's Machine provisioned and its Node linked", func() error {
 		km, err := object(ctx, cl, "infrastructure.cluster.x-k8s.io/v1alpha1", "KubevirtMachine", namespace, name)
@@ -615,6 +611,16 @@ func checkMachineProvisioned(ctx context.Context, t *testing.T, cl client.Client
 		}
 		return nil
 	})
+}
+
+// clusterObjects lists the objects of apiVersion/listKind in namespace
+// that carry Cluster API's label for cluster.
+func clusterObjects(ctx context.Context, cl client.Client, apiVersion, listKind, namespace, cluster string) ([]unstructured.Unstructured, error) {
+	var list unstructured.UnstructuredList
+	list.SetAPIVersion(apiVersion)
+	list.SetKind(listKind)
+	err := cl.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster})
+	return list.Items, err
 }
 
 // object fetches apiVersion/kind namespace/name as unstructured.
@@ -788,13 +794,11 @@ func clusterAPIGone(ctx context.Context, t *testing.T, cl client.Client, namespa
 			{"kubevirt.io/v1", "VirtualMachineInstanceList"},
 			{"v1", "SecretList"},
 		} {
-			var list unstructured.UnstructuredList
-			list.SetAPIVersion(k.apiVersion)
-			list.SetKind(k.kind)
-			if err := cl.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"cluster.x-k8s.io/cluster-name": cluster}); err != nil {
+			items, err := clusterObjects(ctx, cl, k.apiVersion, k.kind, namespace, cluster)
+			if err != nil {
 				return err
 			}
-			for _, u := range list.Items {
+			for _, u := range items {
 				left = append(left, strings.TrimSuffix(k.kind, "List")+"/"+u.GetName())
 			}
 		}
