@@ -109,7 +109,7 @@ worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for K
 	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
-e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API, the Kamaji provider and CAPK, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror, its logs and exec through Konnectivity, then cozy-operator's controller bringing a TenantCluster to Ready (root)
+e2e: build image envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API, the Kamaji provider and CAPK, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror, its logs and exec through Konnectivity, then cozy-operator, deployed from its chart and image as a pod, bringing a TenantCluster to Ready (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
@@ -118,6 +118,7 @@ e2e: build envtest flux capi node kamaji ## Beyond CI's time: the lab with real 
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
 	$(NODE_ENV) COZY_KAMAJI="$$(hack/kamaji.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
 		COZY_KAMAJI_WORKER_IMAGE="$$(hack/worker-image.sh $(KAMAJI_K8S))" COZY_TENANT_WORKER_IMAGE="$$(hack/worker-image.sh $(K8S_VERSION))" \
+		COZY_OPERATOR_IMAGE="$$PWD/bin/cozy-operator-image.tar" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 30m -run 'TestKamajiServesATenant$$' -v ./lab/talosnode/
 
 .PHONY: bench

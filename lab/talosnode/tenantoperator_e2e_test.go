@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,9 +19,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
 	"cozy.dev/cozy/internal/testing/poll"
@@ -55,7 +52,7 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 	installOperatorCRDs(ctx, t, mgmt)
 	images := testenv.BuiltDir(t, "COZY_TENANT_WORKER_IMAGE", "hack/worker-image.sh "+operatorTenantVersion, "index.json")
 	mirrorLayout(t, ctx, c.sw, mirrorAddr, images, nil)
-	startOperator(ctx, t, c)
+	deployOperator(ctx, t, c, mgmt)
 
 	tc := sampleTenant("beta", operatorTenantVersion)
 	start := time.Now()
@@ -274,45 +271,6 @@ func installOperatorCRDs(ctx context.Context, t *testing.T, cl client.Client) {
 		}
 	}
 	established(ctx, t, cl, "the TenantCluster and HelmRelease kinds", "tenancy.cozy.dev/v1alpha1 TenantClusterList", "helm.toolkit.fluxcd.io/v2 HelmReleaseList")
-}
-
-// startOperator runs cozy-operator's controller in the test's process
-// until the test ends, as cmd/cozy-operator sets it up, with what the
-// platform would give it: the mirror as the worker images' registry and
-// the rack's registries.mirror (checked from the LAN), no load-balancer
-// pool, the default add-on images.
-func startOperator(ctx context.Context, t *testing.T, c *procCluster) {
-	t.Helper()
-	opts, err := tenantcluster.ManagerOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Metrics, opts.HealthProbeBindAddress = metricsserver.Options{BindAddress: "0"}, "0"
-	mgr, err := ctrl.NewManager(restConfig(t, c), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &tenantcluster.Reconciler{
-		Recorder: mgr.GetEventRecorder("cozy-operator"),
-		Addons:   tenantcluster.DefaultAddonConfig(),
-		WorkerImages: tenantcluster.WorkerImages{
-			Repository: mirrorAddr + "/cozy.dev/tenant-worker", Insecure: true, Mirror: "http://" + mirrorAddr,
-			Transport: &http.Transport{DialContext: c.sw.DialContext},
-		},
-		NoLoadBalancer: true,
-	}
-	if err := r.SetupWithManager(mgr, 2); err != nil {
-		t.Fatal(err)
-	}
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("cozy-operator's manager: %v", err)
-		}
-	})
 }
 
 // tenantKubectl runs kubectl in the worker node's network namespace (where
