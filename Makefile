@@ -42,15 +42,17 @@ build: ## Build bin/cozyctl, bin/cozy-operator and bin/cozy-talos-node (static, 
 	$(GO_ENV) $(GO) build -ldflags '$(LDFLAGS)' -o bin/cozy-operator ./cmd/cozy-operator
 	$(GO_ENV) $(GO) build -ldflags '-s -w $(LDFLAGS)' -o bin/cozy-talos-node ./cmd/cozy-talos-node
 
-# The operator image's tag: the chart's appVersion, which the chart's
-# Deployment pulls by default.
+# The operator image's name: the chart's image.repository and appVersion,
+# which the chart's Deployment pulls by default; `cozyctl images mirror
+# --from bin/cozy-operator-image.tar` pushes it under that name.
+IMAGE_REPOSITORY ?= $(shell awk '/^image:/ {i=1} i && $$1 == "repository:" {print $$2; exit}' charts/cozy-operator/values.yaml)
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cozy-operator/Chart.yaml)
 
 .PHONY: image
 image: ## Build the cozy-operator image as an OCI archive, bin/cozy-operator-image.tar (docs/tenants.md#the-operator-image)
 	$(GO_ENV) GOOS=linux GOARCH=amd64 $(GO) build -ldflags '-s -w $(LDFLAGS)' -o bin/linux-amd64/cozy-operator ./cmd/cozy-operator
 	SOURCE_DATE_EPOCH="$$(git log -1 --format=%ct 2>/dev/null || echo 0)" $(GO) run ./hack/ociimage \
-		-o bin/cozy-operator-image.tar -binary bin/linux-amd64/cozy-operator -path /cozy-operator -tag $(IMAGE_TAG) \
+		-o bin/cozy-operator-image.tar -binary bin/linux-amd64/cozy-operator -path /cozy-operator -tag $(IMAGE_REPOSITORY):$(IMAGE_TAG) \
 		-label org.opencontainers.image.title=cozy-operator -label org.opencontainers.image.version=$(VERSION) \
 		-label org.opencontainers.image.revision=$(COMMIT)
 

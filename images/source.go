@@ -53,6 +53,9 @@ type Layout struct {
 	dir  string
 	refs map[string]v1.Descriptor // canonical reference -> manifest
 	path layout.Path
+	// Set by OpenArchive: the archive and the directory it unpacked it
+	// into (dir).
+	archive, unpacked string
 }
 
 // OpenLayout reads the index of the layout at dir.
@@ -72,7 +75,12 @@ func OpenLayout(dir string) (*Layout, error) {
 	return &Layout{dir: dir, refs: refs, path: p}, nil
 }
 
-func (l *Layout) String() string { return "OCI layout " + l.dir }
+func (l *Layout) String() string {
+	if l.archive != "" {
+		return "OCI archive " + l.archive
+	}
+	return "OCI layout " + l.dir
+}
 
 // Refs are the references the layout names, sorted.
 func (l *Layout) Refs() []string {

@@ -171,37 +171,55 @@ var _ output.Tabular = mirrorTable{}
 
 // mirrorPlan is what `images mirror` copies, and from where.
 type mirrorPlan struct {
-	src    images.Source
+	src images.Source
+	// from is the layout or archive of --from, to close once copied.
+	from   *images.Layout
 	refs   []string
 	charts []images.MirrorChart
 	// chartPath is the rack's platform.mirror path ("" without one).
 	chartPath, chartHost string
 }
 
-// planMirror says what `images mirror` copies: with a layout (from) and
-// no rack, all of the layout; else the images the rack (or the example
-// rack) needs, from the layout or the upstream registries, and the
-// upstream charts Cozy makes for its platform.
+// planMirror says what `images mirror` copies: with a layout or an
+// archive (from) and no rack, all of it; else the images the rack (or the
+// example rack) needs, from the layout or the upstream registries, and
+// the upstream charts Cozy makes for its platform. Close the plan.
 func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker images.ChartMaker, tenantVersions []string) (*mirrorPlan, error) {
 	p := &mirrorPlan{src: &images.Upstream{}}
 	if from != "" {
-		l, err := images.OpenLayout(from)
+		l, err := images.Open(from)
 		if err != nil {
 			return nil, err
 		}
 		if rackFile == "" {
 			// A bundle without a rack: all of it.
-			return &mirrorPlan{src: l, refs: l.Refs()}, nil
+			return &mirrorPlan{src: l, from: l, refs: l.Refs()}, nil
 		}
-		p.src = l
+		p.src, p.from = l, l
 	}
+	if err := p.forRack(ctx, g, rackFile, maker, tenantVersions); err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// close removes what an archive was unpacked into.
+func (p *mirrorPlan) close() {
+	if p.from != nil {
+		_ = p.from.Close()
+	}
+}
+
+// forRack fills p with what the rack needs.
+func (p *mirrorPlan) forRack(ctx context.Context, g *Globals, rackFile string, maker images.ChartMaker, tenantVersions []string) error {
 	r, err := loadRackOrExample(g, rackFile)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	l, err := images.ForRack(ctx, r, maker, tenantVersions...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, n := range l.NotListed {
 		g.Logger().Warn("images not listed, so not mirrored", "source", n)
@@ -210,14 +228,12 @@ func planMirror(ctx context.Context, g *Globals, from, rackFile string, maker im
 	if r.Platform.Mirror != "" {
 		m, err := rack.ParseChartMirror(r.Platform.Mirror)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		p.chartPath, p.chartHost = m.Path, m.Host
 	}
-	if p.charts, err = l.MirrorCharts(); err != nil {
-		return nil, err
-	}
-	return p, nil
+	p.charts, err = l.MirrorCharts()
+	return err
 }
 
 // mirrorProgress logs each image's progress.
@@ -245,7 +261,7 @@ func newImagesMirrorCommand(g *Globals) *cobra.Command {
 		insecure           bool
 	)
 	cmd := &cobra.Command{
-		Use:   "mirror --to REGISTRY (--from DIR | --from-upstream)",
+		Use:   "mirror --to REGISTRY (--from PATH | --from-upstream)",
 		Short: "Copy every image the rack needs into a registry",
 		Long: `Copy every image 'cozyctl images list' gives for the rack into REGISTRY
 (HOST[:PORT]), each under its upstream host:
@@ -254,13 +270,15 @@ func newImagesMirrorCommand(g *Globals) *cobra.Command {
   docker.io/library/alpine:3    ->  REGISTRY/docker.io/library/alpine:3
 
 which is what the rack's registries.mirror (http(s)://REGISTRY) makes every
-node pull from. The images come from an OCI image layout directory (--from:
-index.json names each image by its full upstream reference in the
-org.opencontainers.image.ref.name or io.containerd.image.name annotation)
-or from their upstream registries (--from-upstream, over HTTPS). With --from
-and no --rack, every image of the layout is copied (a bundle such as the
-lab's, from hack/lab-images.sh); --from-upstream without --rack copies what
-the example rack of 'cozyctl rack init' lists.
+node pull from. The images come from an OCI image layout directory or an
+OCI archive, a layout in a tar file (--from: index.json names each image by
+its full upstream reference in the org.opencontainers.image.ref.name or
+io.containerd.image.name annotation), or from their upstream registries
+(--from-upstream, over HTTPS). With --from and no --rack, every image of
+the layout is copied (a bundle such as the lab's, from hack/lab-images.sh,
+or cozy-operator's image, bin/cozy-operator-image.tar from make image);
+--from-upstream without --rack copies what the example rack of 'cozyctl
+rack init' lists.
 
 An image the registry already has (same manifest digest under that name)
 is skipped, and so are layers it has: a second run copies only what is
@@ -276,12 +294,13 @@ platform.mirror (charts without one), where Flux reads them.
 The registry is reached over HTTPS; --insecure allows plain HTTP (the lab's
 registry, 'cozyctl registry serve').`,
 		Example: `  cozyctl images mirror --rack rack.yaml --from ./images --to 10.0.0.1:5000 --insecure
+  cozyctl images mirror --from bin/cozy-operator-image.tar --to 10.0.0.1:5000 --insecure
   cozyctl images mirror --rack rack.yaml --from-upstream --to registry.example.com`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
 			case (from == "") == !fromUpstream:
-				return errors.New("give one source: --from DIR (an OCI image layout) or --from-upstream")
+				return errors.New("give one source: --from PATH (an OCI image layout or archive) or --from-upstream")
 			case strings.Contains(to, "://"):
 				return fmt.Errorf("--to %q: give the registry as HOST[:PORT]; plain HTTP is --insecure", to)
 			}
@@ -289,6 +308,7 @@ registry, 'cozyctl registry serve').`,
 			if err != nil {
 				return err
 			}
+			defer p.close()
 			log := g.Logger()
 			if p.chartHost != "" && p.chartHost != to {
 				log.Warn("the rack's platform.mirror names another registry: Flux will look for the charts there", "platform.mirror", p.chartHost, "to", to)
@@ -318,14 +338,13 @@ registry, 'cozyctl registry serve').`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&to, "to", "", "the registry to copy into, HOST[:PORT] (required)")
-	f.StringVar(&from, "from", "", "an OCI image layout directory holding the images")
+	f.StringVar(&from, "from", "", "an OCI image layout directory, or an OCI archive (a layout in a tar file), holding the images")
 	f.BoolVar(&fromUpstream, "from-upstream", false, "pull the images from their upstream registries")
 	f.StringVar(&rackFile, "rack", "", "copy only the images this rack needs (default: with --from, every image of the layout; with --from-upstream, the example rack's)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
 	f.StringVar(&moduleProxy, "module-proxy", "", moduleProxyHelp)
 	f.StringSliceVar(&tenantVersions, "tenant-version", nil, tenantVersionHelp)
 	_ = cmd.MarkFlagRequired("to")
-	_ = cmd.MarkFlagDirname("from")
 	_ = cmd.MarkFlagFilename("rack", "yaml", "yml")
 	return cmd
 }

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"archive/tar"
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -260,6 +262,35 @@ func TestImagesMirrorIntoRegistryServe(t *testing.T) {
 		t.Errorf("images mirror without --rack: exit %d, table:\n%s\nwant a header and a row for each of %v\n%s", code, table, wantRows, stderr)
 	}
 
+	// From an OCI archive (the layout in a tar file, as `make image`
+	// writes cozy-operator's) into an empty registry: every image, with
+	// its digest.
+	var tarred bytes.Buffer
+	tw := tar.NewWriter(&tarred)
+	if err := tw.AddFS(os.DirFS(lay)); err != nil || tw.Close() != nil {
+		t.Fatalf("tar the layout: %v", err)
+	}
+	archive := filepath.Join(dir, "images.tar")
+	if err := os.WriteFile(archive, tarred.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fresh := serveRegistry(t, filepath.Join(dir, "registry2"))
+	out, stderr, code = run("images", "mirror", "--from", archive, "--to", fresh.addr, "--insecure", "-o", "json")
+	var fromArchive []images.Result
+	if err := json.Unmarshal([]byte(out), &fromArchive); err != nil || code != 0 || len(fromArchive) != len(list)+1 {
+		t.Fatalf("images mirror --from ARCHIVE: exit %d, %v, %d results for %d images\n%s", code, err, len(fromArchive), len(list)+1, stderr)
+	}
+	for _, r := range fromArchive {
+		ref, _ := name.ParseReference(r.Target, name.Insecure)
+		desc, err := remote.Head(ref)
+		if r.Status != images.StatusCopied || err != nil || (digests[r.Image] != v1.Hash{} && desc.Digest != digests[r.Image]) {
+			t.Errorf("from the archive: %+v, in the registry %v %v", r, desc, err)
+		}
+	}
+	if !strings.Contains(stderr, `from="OCI archive `+archive+`"`) {
+		t.Errorf("the log does not name the archive:\n%s", stderr)
+	}
+
 	_, stderr, code = mirror()
 	if code != 1 || !strings.Contains(stderr, "plain HTTP to "+reg.addr+" refused") {
 		t.Errorf("without --insecure: exit %d\n%s", code, stderr)
@@ -307,7 +338,7 @@ func TestImagesMirrorFlags(t *testing.T) {
 		{[]string{"images", "mirror", "--to", "127.0.0.1:1"}, "give one source"},
 		{[]string{"images", "mirror", "--to", "127.0.0.1:1", "--from", "x", "--from-upstream"}, "give one source"},
 		{[]string{"images", "mirror", "--to", "http://127.0.0.1:1", "--from-upstream"}, "HOST[:PORT]"},
-		{[]string{"images", "mirror", "--to", "127.0.0.1:1", "--from", "/nonexistent"}, "OCI layout /nonexistent"},
+		{[]string{"images", "mirror", "--to", "127.0.0.1:1", "--from", "/nonexistent"}, "OCI layout or archive /nonexistent: "},
 		{[]string{"images", "mirror", "--from-upstream"}, `required flag(s) "to" not set`},
 		{[]string{"registry", "serve", "--dir", "x"}, `required flag(s) "listen" not set`},
 	}

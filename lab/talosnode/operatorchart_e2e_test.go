@@ -3,22 +3,16 @@
 package talosnode_test
 
 import (
-	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	v1image "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,7 +22,6 @@ import (
 
 	"cozy.dev/cozy/charts"
 	"cozy.dev/cozy/images"
-	"cozy.dev/cozy/internal/imageref"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
 	"cozy.dev/cozy/platform/render"
@@ -39,7 +32,8 @@ const operatorNamespace = "cozy-system"
 
 // deployOperator runs cozy-operator as the platform deploys it, as a pod:
 //   - its image is the one `make image` builds (COZY_OPERATOR_IMAGE),
-//     pushed to the rack's mirror under the name its chart renders, which
+//     pushed to the rack's mirror from that archive as `cozyctl images
+//     mirror --from` pushes it, under the name its chart renders, which
 //     the nodes pull through the mirror;
 //   - its chart is rendered with the values the platform's cozy-operator
 //     HelmRelease gives it for this rack (`platform render`: the workers'
@@ -73,17 +67,15 @@ func deployOperator(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 	if ref == "" {
 		t.Fatal("cozy-operator's chart renders no Deployment with a container")
 	}
-	chart, err := render.LoadChart(charts.CozyOperator)
+	// As `cozyctl images mirror --from bin/cozy-operator-image.tar` pushes
+	// it: the archive must name the image as the chart renders it.
+	src, err := images.OpenArchive(archive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := archiveImage(t, archive, chart.Metadata.AppVersion)
-	want, err := imageref.Parse(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer src.Close()
 	if _, err := images.Mirror(ctx, images.MirrorOptions{
-		Registry: mirrorAddr, Insecure: true, Source: oneImage{ref: want, img: img}, Refs: []string{ref},
+		Registry: mirrorAddr, Insecure: true, Source: src, Refs: []string{ref},
 		Transport: &http.Transport{DialContext: c.sw.DialContext},
 	}); err != nil {
 		t.Fatalf("mirror %s: %v", ref, err)
@@ -190,85 +182,4 @@ func operatorRelease(ctx context.Context, t *testing.T, c *procCluster) []*unstr
 		objs = append(objs, docs...)
 	}
 	return objs
-}
-
-// archiveImage reads the image tagged tag from an OCI archive (an OCI
-// layout in a tar, as `make image` writes it).
-func archiveImage(t *testing.T, archive, tag string) v1image.Image {
-	t.Helper()
-	dir := t.TempDir()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", archive, err)
-		}
-		name := filepath.Join(dir, filepath.Clean("/"+h.Name))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(name, 0o755)
-		case tar.TypeReg:
-			var data []byte
-			if data, err = io.ReadAll(tr); err == nil {
-				if err = os.MkdirAll(filepath.Dir(name), 0o755); err == nil {
-					err = os.WriteFile(name, data, 0o644)
-				}
-			}
-		default:
-			err = fmt.Errorf("entry %s of type %c", h.Name, h.Typeflag)
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", archive, err)
-		}
-	}
-	p, err := layout.FromPath(dir)
-	if err != nil {
-		t.Fatalf("%s: %v", archive, err)
-	}
-	idx, err := p.ImageIndex()
-	if err != nil {
-		t.Fatalf("%s: %v", archive, err)
-	}
-	m, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatalf("%s: %v", archive, err)
-	}
-	for _, d := range m.Manifests {
-		if d.Annotations[images.AnnotationRefName] == tag {
-			img, err := p.Image(d.Digest)
-			if err != nil {
-				t.Fatalf("%s: %v", archive, err)
-			}
-			return img
-		}
-	}
-	t.Fatalf("%s holds no image tagged %s: rebuild it with make image", archive, tag)
-	return nil
-}
-
-// oneImage is an images.Source of one image.
-type oneImage struct {
-	ref imageref.Ref
-	img v1image.Image
-}
-
-func (s oneImage) String() string { return "the image " + s.ref.String() }
-
-func (s oneImage) Get(_ context.Context, ref imageref.Ref) (*images.Artifact, error) {
-	if ref.String() != s.ref.String() {
-		return nil, fmt.Errorf("%w: %s holds only %s", images.ErrNotFound, s, ref)
-	}
-	d, err := s.img.Digest()
-	if err != nil {
-		return nil, err
-	}
-	return &images.Artifact{Digest: d, Image: s.img}, nil
 }
