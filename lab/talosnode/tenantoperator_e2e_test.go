@@ -8,20 +8,23 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"cozy.dev/cozy/internal/testing/cozyctl"
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/testenv"
 	"cozy.dev/cozy/lab/talosnode"
@@ -35,24 +38,26 @@ import (
 // newer, and the platform's Kamaji cannot be built here).
 const operatorTenantVersion = "v1.36.3"
 
-// operatorTenant runs cozy-operator's controller (as cmd/cozy-operator
-// runs it: its manager, cache and scheme, the platform's facts as flags
-// would give them: the mirror, no load-balancer pool) in the test's
-// process against the management cluster, and a TenantCluster "beta" at
-// operatorTenantVersion with one control-plane replica, one worker and
-// its add-ons off (their charts cannot be fetched here; flannel stands in
-// for the CNI) goes the whole way: the controller writes its children,
-// Kamaji, Cluster API, the Kamaji provider and CAPK make the tenant, the
-// test boots the VM CAPK asks for (joinWorker), and the TenantCluster's
-// own status reaches Ready, its workers 1/1. Deleting the TenantCluster
-// takes its children, VM and Secrets with it (the controller's finalizer
-// and the garbage collector).
+// operatorTenant deploys cozy-operator as the platform does, a pod of its
+// image from its chart with the values the platform renders for the rack
+// (deployOperator: the mirror, no load-balancer pool), and a
+// TenantCluster "beta" at operatorTenantVersion with one control-plane
+// replica, one worker and its add-ons off (their charts cannot be
+// fetched here; flannel stands in for the CNI) goes the whole way: the
+// operator writes its children, Kamaji, Cluster API, the Kamaji provider
+// and CAPK make the tenant, the test boots the VM CAPK asks for
+// (joinWorker), its API answers through the kubeconfig `cozyctl tenant
+// kubeconfig` prints, and the TenantCluster's own status reaches Ready,
+// its workers 1/1, as `cozyctl tenant list` shows. Deleting the
+// TenantCluster takes its children, VM and Secrets with it (the
+// operator's finalizer and the garbage collector). Then tenantsThatWait.
 func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, mgmt client.Client, worker *clusterNode) {
 	t.Helper()
 	installOperatorCRDs(ctx, t, mgmt)
 	images := testenv.BuiltDir(t, "COZY_TENANT_WORKER_IMAGE", "hack/worker-image.sh "+operatorTenantVersion, "index.json")
 	mirrorLayout(t, ctx, c.sw, mirrorAddr, images, nil)
 	deployOperator(ctx, t, c, mgmt)
+	cozy := cozyctlOn(t, c) // built now, not while beta's clock runs
 
 	tc := sampleTenant("beta", operatorTenantVersion)
 	start := time.Now()
@@ -90,12 +95,21 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 	if tc.Status.KubeconfigSecretRef == nil {
 		t.Fatal("beta's status names no kubeconfig Secret")
 	}
-	var secret corev1.Secret
-	if err := mgmt.Get(ctx, client.ObjectKey{Namespace: "tenants", Name: tc.Status.KubeconfigSecretRef.Name}, &secret); err != nil {
+	// Its admin kubeconfig, as a user gets it: `cozyctl tenant
+	// kubeconfig`, from the Secret its status names.
+	kubeconfig, err := cozy("tenant", "kubeconfig", "beta", "-n", "tenants")
+	if err != nil {
 		t.Fatal(err)
 	}
-	kubectlIn := tenantKubectl(t, worker, secret.Data["value"])
+	kubectlIn := tenantKubectl(t, worker, []byte(kubeconfig))
 	kubectl := func(args ...string) (string, error) { return kubectlIn(ctx, args...) }
+	version, err := kubectl("get", "--raw", "/version")
+	if err != nil || !strings.Contains(version, `"gitVersion": "`+operatorTenantVersion+`"`) {
+		t.Fatalf("beta's /version through its kubeconfig: %s %v, want %s", version, err, operatorTenantVersion)
+	}
+	if out, err := kubectl("get", "namespaces", "-o", "name"); err != nil || !strings.Contains(out, "namespace/kube-system") {
+		t.Fatalf("beta's namespaces through its kubeconfig: %q %v", out, err)
+	}
 	endpoint, err := url.Parse(tc.Status.Endpoint)
 	if err != nil {
 		t.Fatalf("beta's endpoint %q: %v", tc.Status.Endpoint, err)
@@ -123,12 +137,17 @@ func operatorTenant(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 	})
 	t.Logf("the TenantCluster beta was Ready %s after it was created: phase %s, workers %s, version %s, Node %s",
 		time.Since(start).Round(time.Second), tc.Status.Phase, tc.Status.Workers, tc.Status.Version, name)
+	if out, err := cozy("tenant", "list", "-n", "tenants"); err != nil || !regexp.MustCompile(`(?m)^tenants\s+beta\s+`+operatorTenantVersion+`\s+Ready\s+1/1\s`).MatchString(out) {
+		t.Errorf("cozyctl tenant list: %v\n%s\nwant beta %s Ready 1/1", err, out, operatorTenantVersion)
+	} else {
+		t.Logf("cozyctl tenant list:\n%s", out)
+	}
 	if out, err := kubectl("get", "node", name, "-o", "jsonpath={.status.nodeInfo.kubeletVersion} {.spec.providerID}"); err != nil ||
 		out != operatorTenantVersion+" kubevirt://"+name {
 		t.Errorf("beta's Node %s: kubelet and provider ID %q (%v)", name, out, err)
 	}
 
-	missingImages(ctx, t, mgmt)
+	tenantsThatWait(ctx, t, mgmt)
 
 	// Deleted: the controller's finalizer lets it go once its children
 	// are gone, and Cluster API's, the VM's and the Secrets with them.
@@ -156,39 +175,53 @@ func deleteTenantCluster(ctx context.Context, t *testing.T, mgmt client.Client, 
 	return gone
 }
 
-// missingImages: a TenantCluster at a version the rack's mirror has
-// neither the control-plane images nor the worker image of (v1.35.4)
-// says so in its status, naming them, instead of leaving Kamaji's pods
-// in ImagePullBackOff and its workers importing nothing; deleted, it
-// goes.
-func missingImages(ctx context.Context, t *testing.T, mgmt client.Client) {
+// tenantsThatWait: TenantClusters that cannot come up say why in their
+// status, instead of leaving Kamaji's pods in ImagePullBackOff, workers
+// importing nothing or a control plane never made; deleted, they go.
+//   - gamma, at a version (v1.35.4) whose control-plane images and worker
+//     image the rack's mirror lacks, names them;
+//   - delta names a DataStore that does not exist: Kamaji's webhook
+//     refuses its TenantControlPlane, and the TenantCluster says so.
+func tenantsThatWait(ctx context.Context, t *testing.T, mgmt client.Client) {
 	t.Helper()
 	const version = "v1.35.4"
-	tc := sampleTenant("gamma", version)
-	if err := mgmt.Create(ctx, tc); err != nil {
-		t.Fatalf("the TenantCluster gamma: %v", err)
-	}
-	want := map[string]string{
-		v1.ConditionControlPlaneReady: tenantcluster.ReasonControlPlaneImageMissing + ": the control plane at " + version + " waits for registry.k8s.io/kube-apiserver:" + version,
-		v1.ConditionWorkersReady:      tenantcluster.ReasonWorkerImageMissing + ": node group md0 waits for its worker image " + mirrorAddr + "/cozy.dev/tenant-worker:" + version,
-	}
-	poll.Within(t, 2*time.Minute, time.Second, "gamma's status naming the images it lacks", func() error {
-		if err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc), tc); err != nil {
-			return err
+	gamma := sampleTenant("gamma", version)
+	delta := sampleTenant("delta", operatorTenantVersion)
+	delta.Spec.ControlPlane.DataStoreName = "gone"
+	for _, tc := range []struct {
+		tc   *v1.TenantCluster
+		want map[string]string // condition -> "Reason: message" prefix
+	}{
+		{gamma, map[string]string{
+			v1.ConditionControlPlaneReady: tenantcluster.ReasonControlPlaneImageMissing + ": the control plane at " + version + " waits for registry.k8s.io/kube-apiserver:" + version,
+			v1.ConditionWorkersReady:      tenantcluster.ReasonWorkerImageMissing + ": node group md0 waits for its worker image " + mirrorAddr + "/cozy.dev/tenant-worker:" + version,
+		}},
+		{delta, map[string]string{
+			v1.ConditionControlPlaneReady: tenantcluster.ReasonProviderError + ": the Kamaji control-plane provider reports TenantControlPlaneCreated False: " +
+				"cannot create or update TenantControlPlane: admission webhook \"vtenantcontrolplane.kb.io\" denied the request: gone DataStore does not exist",
+		}},
+	} {
+		if err := mgmt.Create(ctx, tc.tc); err != nil {
+			t.Fatalf("the TenantCluster %s: %v", tc.tc.Name, err)
 		}
-		for typ, w := range want {
-			c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
-			if c == nil || c.Status != metav1.ConditionFalse || !strings.HasPrefix(c.Reason+": "+c.Message, w) {
-				return fmt.Errorf("%s: %+v, want False %s", typ, c, w)
+		poll.Within(t, 2*time.Minute, time.Second, tc.tc.Name+"'s status saying why it waits", func() error {
+			if err := mgmt.Get(ctx, client.ObjectKeyFromObject(tc.tc), tc.tc); err != nil {
+				return err
 			}
+			for typ, w := range tc.want {
+				c := apimeta.FindStatusCondition(tc.tc.Status.Conditions, typ)
+				if c == nil || c.Status != metav1.ConditionFalse || !strings.HasPrefix(c.Reason+": "+c.Message, w) {
+					return fmt.Errorf("%s: %+v, want False %s", typ, c, w)
+				}
+			}
+			return nil
+		})
+		for typ := range tc.want {
+			c := apimeta.FindStatusCondition(tc.tc.Status.Conditions, typ)
+			t.Logf("%s at %s on DataStore %s: %s %s %s: %s", tc.tc.Name, tc.tc.Spec.Version, tc.tc.Spec.ControlPlane.DataStoreName, typ, c.Status, c.Reason, c.Message)
 		}
-		return nil
-	})
-	for _, typ := range []string{v1.ConditionControlPlaneReady, v1.ConditionWorkersReady} {
-		c := apimeta.FindStatusCondition(tc.Status.Conditions, typ)
-		t.Logf("gamma at %s: %s %s %s: %s", version, typ, c.Status, c.Reason, c.Message)
+		deleteTenantCluster(ctx, t, mgmt, tc.tc)
 	}
-	deleteTenantCluster(ctx, t, mgmt, tc)
 }
 
 // sampleTenant is the tests' TenantCluster name in namespace tenants at
@@ -271,6 +304,34 @@ func installOperatorCRDs(ctx context.Context, t *testing.T, cl client.Client) {
 		}
 	}
 	established(ctx, t, cl, "the TenantCluster and HelmRelease kinds", "tenancy.cozy.dev/v1alpha1 TenantClusterList", "helm.toolkit.fluxcd.io/v2 HelmReleaseList")
+}
+
+// cozyctlOn runs cozyctl against the cluster's API, through its first
+// control plane's address on host loopback (a copy of its admin
+// kubeconfig pointing there), and returns its stdout.
+func cozyctlOn(t *testing.T, c *procCluster) func(args ...string) (string, error) {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(c.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range cfg.Clusters {
+		cl.Server = "https://" + c.nodes[0].kubeAPI
+	}
+	file := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, file); err != nil {
+		t.Fatal(err)
+	}
+	bin := cozyctl.Path(t)
+	return func(args ...string) (string, error) {
+		cmd := exec.Command(bin, append([]string{"--kubeconfig", file}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("cozyctl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return stdout.String(), nil
+	}
 }
 
 // tenantKubectl runs kubectl in the worker node's network namespace (where
