@@ -53,7 +53,7 @@ func deployOperator(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 	if archive == "" {
 		prereq.Missing(t, "COZY_OPERATOR_IMAGE is not set: run make e2e, or make image and export COZY_OPERATOR_IMAGE=$PWD/bin/cozy-operator-image.tar")
 	}
-	objs := operatorRelease(ctx, t, c)
+	objs := operatorRelease(t, c)
 
 	// The image the chart's Deployment names, from the archive.
 	var ref string
@@ -134,7 +134,7 @@ func deployOperator(ctx context.Context, t *testing.T, c *procCluster, mgmt clie
 // operatorRelease renders the platform for the cluster's rack and, from
 // its cozy-operator HelmRelease, the operator's chart with the values
 // that release gives it, for the cluster's Kubernetes version.
-func operatorRelease(ctx context.Context, t *testing.T, c *procCluster) []*unstructured.Unstructured {
+func operatorRelease(t *testing.T, c *procCluster) []*unstructured.Unstructured {
 	t.Helper()
 	platform, err := render.Render(c.rack)
 	if err != nil {
