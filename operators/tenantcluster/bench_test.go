@@ -42,24 +42,10 @@ import (
 // Bench sizes: 1,000 TenantClusters with two node groups each, spread
 // over 100 namespaces as tenants would be.
 const (
-	benchClusters   = 1000
-	benchNamespaces = 100
-	benchWorkers    = 8 // concurrent writers, and the operator's --concurrency
-	benchQPS        = 2000
+	benchClusters = 1000
+	benchWorkers  = 8 // concurrent writers, and the operator's --concurrency
+	benchQPS      = 2000
 )
-
-func benchTenantCluster(i int) *v1.TenantCluster {
-	return &v1.TenantCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t%04d", i), Namespace: fmt.Sprintf("tenant-%03d", i%benchNamespaces)},
-		Spec: v1.TenantClusterSpec{
-			Version: "v1.36.3",
-			NodeGroups: []v1.NodeGroup{
-				{Name: "md0", Replicas: ptr.To[int32](2), Resources: &v1.Resources{CPU: 2, Memory: "4Gi"}, DiskSize: "20Gi"},
-				{Name: "md1", MinReplicas: ptr.To[int32](1), MaxReplicas: ptr.To[int32](3), Resources: &v1.Resources{CPU: 4, Memory: "8Gi"}, DiskSize: "40Gi"},
-			},
-		},
-	}
-}
 
 // benchEnv is a fresh API server with the bench's namespaces, and a
 // client (env.Client) at the bench's rate.
