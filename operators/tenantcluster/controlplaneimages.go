@@ -42,11 +42,14 @@ const ReasonControlPlaneImageMissing = "ControlPlaneImageMissing"
 func (r *Reconciler) missingControlPlaneImages(ctx context.Context, tc *v1.TenantCluster, version string) string {
 	var missing []string
 	for _, image := range ControlPlaneImages(version) {
-		ref := r.WorkerImages.InMirror(image)
-		if ref == "" {
-			return ""
+		ref, err := r.WorkerImages.InMirror(image)
+		if ref == "" && err == nil {
+			return "" // no mirror
 		}
-		switch err := r.imageChecks.check(ctx, ref); {
+		if err == nil {
+			err = r.imageChecks.check(ctx, ref)
+		}
+		switch {
 		case errors.Is(err, errImageMissing):
 			missing = append(missing, image)
 		case err != nil:

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"cozy.dev/cozy/internal/httpguard"
+	"cozy.dev/cozy/internal/imageref"
 	v1 "cozy.dev/cozy/operators/api/v1alpha1"
 )
 
@@ -95,14 +96,23 @@ func (w WorkerImages) mirrorHost() (string, bool) {
 }
 
 // InMirror is where the rack's registry mirror keeps image: under its
-// registry host, as `cozyctl images mirror` names it
-// (HOST/registry.k8s.io/kube-apiserver:v1.36.3); "" without a mirror.
-func (w WorkerImages) InMirror(image string) string {
+// registry host, named as `cozyctl images mirror` names it
+// (imageref.Ref.In: HOST/registry.k8s.io/kube-apiserver:v1.36.3); ""
+// without a mirror.
+func (w WorkerImages) InMirror(image string) (string, error) {
 	host, _ := w.mirrorHost()
 	if host == "" {
-		return ""
+		return "", nil
 	}
-	return host + "/" + image
+	r, err := imageref.Parse(image)
+	if err != nil {
+		return "", err
+	}
+	in, err := r.In(host)
+	if err != nil {
+		return "", err
+	}
+	return in.String(), nil
 }
 
 // imageCheckTimeout bounds one HEAD: a reconcile must not hang on a
