@@ -466,15 +466,13 @@ func (b *builder) renderChart(c *chart.Chart, hr *unstructured.Unstructured, ren
 	if err != nil {
 		return err
 	}
-	for _, f := range slices.Sorted(maps.Keys(files)) {
-		objs, err := render.Decode([]byte(files[f]))
-		if err != nil {
-			return fmt.Errorf("chart %s, %s: %w", c.Name(), f, err)
-		}
-		for _, o := range objs {
-			for _, ct := range render.Containers(o.Object) {
-				b.add(ct.Image, neededBy(ct.Name))
-			}
+	objs, err := render.DecodeChart(files)
+	if err != nil {
+		return fmt.Errorf("chart %s, %w", c.Name(), err)
+	}
+	for _, o := range objs {
+		for _, ct := range render.Containers(o.Object) {
+			b.add(ct.Image, neededBy(ct.Name))
 		}
 	}
 	return nil

@@ -5,7 +5,6 @@ package talosnode_test
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -173,13 +172,9 @@ func operatorRelease(t *testing.T, c *procCluster) []*unstructured.Unstructured 
 	if err != nil {
 		t.Fatalf("cozy-operator's chart with the platform's values: %v", err)
 	}
-	var objs []*unstructured.Unstructured
-	for _, f := range slices.Sorted(maps.Keys(files)) {
-		docs, err := render.Decode([]byte(files[f]))
-		if err != nil {
-			t.Fatalf("cozy-operator's %s: %v", f, err)
-		}
-		objs = append(objs, docs...)
+	objs, err := render.DecodeChart(files)
+	if err != nil {
+		t.Fatalf("cozy-operator's chart: %v", err)
 	}
 	return objs
 }

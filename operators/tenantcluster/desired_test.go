@@ -3,11 +3,9 @@ package tenantcluster
 import (
 	"bytes"
 	"flag"
-	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
@@ -249,13 +247,9 @@ func TestCSINodeChart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the chart refuses the operator's values %v: %v", values, err)
 	}
-	var rendered []*unstructured.Unstructured
-	for _, name := range slices.Sorted(maps.Keys(files)) {
-		docs, err := render.Decode([]byte(files[name]))
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		rendered = append(rendered, docs...)
+	rendered, err := render.DecodeChart(files)
+	if err != nil {
+		t.Fatal(err)
 	}
 	checkGolden(t, "csi-node-chart.yaml", "TestCSINodeChart", rendered)
 

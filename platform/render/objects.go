@@ -69,6 +69,21 @@ func Decode(data []byte) ([]*unstructured.Unstructured, error) {
 	}
 }
 
+// DecodeChart reads the objects of a chart's rendered templates (Chart's
+// or Template's result), template by template in the order of their
+// paths.
+func DecodeChart(files map[string]string) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	for _, f := range slices.Sorted(maps.Keys(files)) {
+		objs, err := Decode([]byte(files[f]))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		out = append(out, objs...)
+	}
+	return out, nil
+}
+
 // Container is one container of a pod spec in a rendered object.
 type Container struct{ Name, Image string }
 
