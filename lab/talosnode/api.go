@@ -376,6 +376,9 @@ func (n *Node) applyNow(ctx context.Context, mc config.Provider) {
 		if err := cp.reconfigure(n.cfg, mc); err != nil {
 			n.log.Error("the control plane cannot run the applied config", "err", err)
 		}
+		if err := cp.staticPodsRestarting(ctx, st, hostname); err != nil {
+			n.log.Warn("static pod status", "err", err)
+		}
 	}
 	if err := n.reconfigureKubelet(mc, hostname); err != nil {
 		n.log.Error("the kubelet cannot run the applied config", "err", err)

@@ -54,6 +54,8 @@ type controlPlane struct {
 	// images are the images the running config names for them.
 	imagesMu sync.Mutex
 	images   map[string]string
+	// statusMu orders the writes of their StaticPodStatus resources.
+	statusMu sync.Mutex
 	// apiRestarts is signalled before kube-apiserver restarts with a new
 	// config: the VIP's holder lets it go, as Talos's does when its
 	// kube-apiserver static pod goes away.
@@ -533,8 +535,9 @@ func superviseProgram(ctx context.Context, log *slog.Logger, spawn *spawner, nam
 		case <-p.changed:
 		default:
 		}
-		bin, args := p.get()
+		bin, args := p.start()
 		err := runOnce(ctx, spawn, name, bin, args, env, logPath, p.changed)
+		p.stopped()
 		if ctx.Err() != nil {
 			return
 		}
@@ -566,6 +569,42 @@ type program struct {
 	bin     string
 	args    []string
 	changed chan struct{} // signalled when set changes them
+	gen     int           // counts the changes
+	// running is the binary of the process that runs now ("" between
+	// processes), started at generation runningGen: after set, the old
+	// process runs until it has shut down.
+	running    string
+	runningGen int
+}
+
+// start is what to run now, recorded as running.
+func (p *program) start() (string, []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.running, p.runningGen = p.bin, p.gen
+	return p.bin, p.args
+}
+
+// stopped records that no process runs.
+func (p *program) stopped() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.running = ""
+}
+
+// generation counts the changes set made.
+func (p *program) generation() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.gen
+}
+
+// current is the binary of the process that runs ("" if none), and
+// whether that process runs the program's latest binary and arguments.
+func (p *program) current() (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running, p.running != "" && p.runningGen == p.gen
 }
 
 func newProgram(bin string, args []string) *program {
@@ -594,6 +633,7 @@ func (p *program) set(bin string, args []string) bool {
 		return false
 	}
 	p.bin, p.args = bin, args
+	p.gen++
 	select {
 	case p.changed <- struct{}{}:
 	default:

@@ -68,10 +68,16 @@ func TestKubeBinary(t *testing.T) {
 
 // TestProgramRestartsOnSet: a supervised program whose binary or
 // arguments change is stopped and started again at once with the new
-// ones; setting the same ones restarts nothing.
+// ones; setting the same ones restarts nothing; what runs is the old
+// binary until it has shut down, then the new one.
 func TestProgramRestartsOnSet(t *testing.T) {
 	dir := t.TempDir()
 	a := fakeKube(t, filepath.Join(dir, "a"), "kube-apiserver", "v1.35.4")
+	// A graceful shutdown that takes a second.
+	slow := "#!/bin/sh\ntrap 'sleep 1; kill $!; exit 0' TERM\necho started \"$@\"\nsleep 600 &\nwait\n"
+	if err := os.WriteFile(a, []byte(slow), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	b := fakeKube(t, filepath.Join(dir, "b"), "kube-apiserver", "v1.36.3")
 	logPath := filepath.Join(dir, "log")
 	spawn := newSpawner()
@@ -100,11 +106,22 @@ func TestProgramRestartsOnSet(t *testing.T) {
 	if p.set(a, []string{"--one"}) {
 		t.Error("setting the same binary and arguments reported a change")
 	}
+	if got, latest := p.current(); got != a || !latest {
+		t.Errorf("running %q (latest config: %v), want %q, the latest", got, latest, a)
+	}
 	if !p.set(b, []string{"--two"}) {
 		t.Error("a new binary reported no change")
+	}
+	// a shuts down slowly, as kube-apiserver does: until it has exited,
+	// it is what runs (so its static pod's status says its version).
+	if got, latest := p.current(); got != a || latest {
+		t.Errorf("running %q (latest config: %v) right after the new binary was set, want the old one, %q, still shutting down, not the latest", got, latest, a)
 	}
 	poll.Within(t, time.Minute, 20*time.Millisecond, "the restart", startedTimes(2))
 	if got := starts(); !strings.HasSuffix(got, "started --two\n") {
 		t.Errorf("log %q: want the second start with the new arguments", got)
+	}
+	if got, latest := p.current(); got != b || !latest {
+		t.Errorf("running %q (latest config: %v) after the restart, want %q, the latest", got, latest, b)
 	}
 }

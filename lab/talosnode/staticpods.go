@@ -52,14 +52,9 @@ func (n *Node) reportStaticPods(ctx context.Context, st state.State, hostname st
 		cp, mc := n.cp, n.machine
 		n.mu.Unlock()
 		if cp != nil && mc != nil {
-			for name, p := range cp.programs {
-				bin, _ := p.get()
-				cp.imagesMu.Lock()
-				image := imageWithTag(cp.images[name], binaryVersion(bin))
-				cp.imagesMu.Unlock()
-				ready := probe(ctx, hc, healthURL(n.cfg, mc, name))
-				id := "kube-system/" + name + "-" + hostname
-				if err := put(ctx, st, staticPodStatus(id, name, image, ready)); err != nil && ctx.Err() == nil {
+			for name := range cp.programs {
+				id, err := cp.publishStaticPod(ctx, st, name, hostname, func() bool { return probe(ctx, hc, healthURL(n.cfg, mc, name)) })
+				if err != nil && ctx.Err() == nil {
 					n.log.Warn("static pod status", "id", id, "err", err)
 				}
 				published[id] = true
@@ -75,6 +70,51 @@ func (n *Node) reportStaticPods(ctx context.Context, st state.State, hostname st
 			return
 		}
 	}
+}
+
+// publishStaticPod writes the status of a component's static pod: the
+// image of the process that runs (the binary's own version), as the
+// kubelet reports the container that runs, and Ready only once that
+// process runs the latest config and probe says so (probe nil: not
+// Ready), as the kubelet's status is of the pod of the new spec. After a
+// new config the old process shuts down, still answering its probe for
+// a while, then the new one starts: pairing the new config with the old
+// process's Ready would let an upgrade move on to the next control
+// plane while this one's API server restarts.
+func (cp *controlPlane) publishStaticPod(ctx context.Context, st state.State, name, hostname string, probe func() bool) (string, error) {
+	id := "kube-system/" + name + "-" + hostname
+	p := cp.programs[name]
+	gen := p.generation()
+	ready := probe != nil && probe()
+	// Checked again under the lock, after the probe: a config applied
+	// meanwhile (reconfigure, then staticPodsRestarting) wins.
+	cp.statusMu.Lock()
+	defer cp.statusMu.Unlock()
+	bin, latest := p.current()
+	latest = latest && p.generation() == gen
+	if bin == "" {
+		bin, _ = p.get()
+	}
+	cp.imagesMu.Lock()
+	image := imageWithTag(cp.images[name], binaryVersion(bin))
+	cp.imagesMu.Unlock()
+	return id, put(ctx, st, staticPodStatus(id, name, image, ready && latest))
+}
+
+// staticPodsRestarting marks each component that a config applied
+// without a reboot restarts as not Ready at once, before the apply is
+// answered: a client that reads the status after its apply never sees
+// the old process's Ready.
+func (cp *controlPlane) staticPodsRestarting(ctx context.Context, st state.State, hostname string) error {
+	for name, p := range cp.programs {
+		if _, latest := p.current(); latest {
+			continue
+		}
+		if _, err := cp.publishStaticPod(ctx, st, name, hostname, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func probe(ctx context.Context, hc *http.Client, url string) bool {
