@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,12 +123,21 @@ func upgradeKubernetes(ctx context.Context, t *testing.T, r *rackRig, rc *rest.C
 			t.Errorf("plan step %+v: want from %s, to upgrade", s, from)
 		}
 	}
-	want := "kube-apiserver/cp1 kube-apiserver/cp2 kube-apiserver/cp3 kube-controller-manager/cp1 kube-controller-manager/cp2 kube-controller-manager/cp3 " +
-		"kube-scheduler/cp1 kube-scheduler/cp2 kube-scheduler/cp3 kubelet/cp1 kubelet/cp2 kubelet/cp3 kubelet/w1"
-	if g := strings.Join(got, " "); g != want {
-		t.Errorf("plan:\n%s\nwant:\n%s", g, want)
+	// The control planes in rack order but the VIP's holder, last.
+	holder := r.vipHolder(t)
+	var want []string
+	for _, comp := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+		for _, n := range r.vipLast(holder) {
+			if comp == "kubelet" || r.node(n).role == "controlplane" {
+				want = append(want, comp+"/"+n)
+			}
+		}
+	}
+	if g, w := strings.Join(got, " "), strings.Join(want, " "); g != w {
+		t.Errorf("plan:\n%s\nwant (%s holds the VIP):\n%s", g, holder, w)
 	}
 
+	moves := r.vipMoves()
 	api := sampleAPI(t, rc)
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
@@ -148,11 +158,23 @@ func upgradeKubernetes(ctx context.Context, t *testing.T, r *rackRig, rc *rest.C
 	for _, st := range res.Steps {
 		t.Logf("last run: %s %s: %s", st.Component, st.Node, st.Result)
 	}
+	if n := r.vipMoves() - moves; n != 1 {
+		t.Errorf("the VIP moved %d times in the upgrade, want once: its holder, %s, restarts its kube-apiserver last", n, holder)
+	}
 	if samples.failed > 0 || samples.belowQuorum > 0 || samples.fewest < 3 {
 		t.Errorf("etcd through the upgrade: %s; want a quorum of its 3 members answering in every sample", samples)
 	}
 	for _, n := range r.nodes {
 		check(t, n)
+	}
+	// One control plane's kube-apiserver at a time: each stopped only
+	// after the one before runs again.
+	spans := apiServerRestarts(t, r)
+	for i := 1; i < len(spans); i++ {
+		if prev := spans[i-1]; !spans[i].stopped.After(prev.started) {
+			t.Errorf("%s's kube-apiserver stopped at %s, before %s's ran again (%s): two down at once",
+				spans[i].node, spans[i].stopped.Format("15:04:05.000"), prev.node, prev.started.Format("15:04:05.000"))
+		}
 	}
 
 	// The rack file against what runs: in step, then a downgrade.
@@ -189,6 +211,43 @@ func upgradeKubernetes(ctx context.Context, t *testing.T, r *rackRig, rc *rest.C
 			t.Errorf("a last run: %+v, want nothing to do", st)
 		}
 	}
+}
+
+// restartSpan is one restart of a node's kube-apiserver onto a new
+// config: when the node stopped the old process, and when the new one
+// started.
+type restartSpan struct {
+	node             string
+	stopped, started time.Time
+}
+
+// apiServerRestarts reads the control planes' kube-apiserver restarts
+// from their logs, in the order they stopped.
+func apiServerRestarts(t *testing.T, r *rackRig) []restartSpan {
+	t.Helper()
+	var spans []restartSpan
+	for _, n := range r.nodes {
+		open := -1 // the span whose new process has not started yet
+		for _, l := range strings.Split(n.log.String(), "\n") {
+			if !strings.Contains(l, "process=kube-apiserver") {
+				continue
+			}
+			at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(strings.Fields(l)[0], "time="))
+			if err != nil {
+				t.Fatalf("%s: a log line without its time: %q", n.host, l)
+			}
+			switch {
+			case strings.Contains(l, restartLine):
+				spans = append(spans, restartSpan{node: n.host, stopped: at})
+				open = len(spans) - 1
+			case strings.Contains(l, "process restarted with its new configuration") && open >= 0:
+				spans[open].started = at
+				open = -1
+			}
+		}
+	}
+	slices.SortFunc(spans, func(a, b restartSpan) int { return a.stopped.Compare(b.stopped) })
+	return spans
 }
 
 // prevPatch is v with its patch number one lower.

@@ -4,10 +4,12 @@ package bootstrap_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"slices"
 	"strings"
@@ -65,10 +67,12 @@ func TestTalosUpgrade(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &plan); err != nil {
 		t.Fatalf("dry run -o json: %v: %s", err, out)
 	}
-	if got := stepNames(plan); got != "cp1 cp2 cp3 w1" || plan.Nodes[0].From != from || plan.Nodes[0].Result != "to upgrade" {
-		t.Errorf("plan %+v, want cp1..cp3 then w1, from %s, to upgrade", plan, from)
+	holder := r.vipHolder(t)
+	if got, want := stepNames(plan), strings.Join(r.vipLast(holder), " "); got != want || plan.Nodes[0].From != from || plan.Nodes[0].Result != "to upgrade" {
+		t.Errorf("plan %+v, want %s (the control planes, %s with the VIP last, then w1), from %s, to upgrade", plan, want, holder, from)
 	}
 
+	moves := r.vipMoves()
 	api := sampleAPI(t, rc)
 	s := sampleEtcd(t, r, r.nodes[0], r.nodes[1], r.nodes[2])
 	start := time.Now()
@@ -87,6 +91,9 @@ func TestTalosUpgrade(t *testing.T) {
 	}
 	t.Logf("rolling Talos upgrade of 4 nodes %s → %s, 10 runs killed, then one to the end: %v; etcd: %s; Kubernetes API through the VIP: %d of %d requests failed",
 		from, to, took.Round(100*time.Millisecond), samples, failures, requests)
+	if n := r.vipMoves() - moves; n != 1 {
+		t.Errorf("the VIP moved %d times in the upgrade, want once: its holder, %s, goes last", n, holder)
+	}
 	if samples.failed > 0 || samples.belowQuorum > 0 || samples.fewest < 3 || samples.n < 20 {
 		t.Errorf("etcd through the upgrade: %s; want a quorum of its 3 members answering in every sample", samples)
 	}
@@ -117,6 +124,56 @@ func TestTalosUpgrade(t *testing.T) {
 	if _, stderr, err := cozy("upgrade", "talos"); err == nil || !strings.Contains(stderr, "it runs "+to+", newer than "+from+": Cozy does not downgrade") {
 		t.Errorf("a downgrade: %v\n%s", err, stderr)
 	}
+}
+
+// vipHolder is the control plane whose log says last that it took the
+// VIP, and has not let it go since.
+func (r *rackRig) vipHolder(t *testing.T) string {
+	t.Helper()
+	for _, n := range r.nodes {
+		l := n.log.String()
+		if i := strings.LastIndex(l, vipTaken); i >= 0 && !strings.Contains(l[i:], "vip: released the shared address") {
+			return n.host
+		}
+	}
+	t.Fatal("no control plane holds the VIP")
+	return ""
+}
+
+// vipTaken is what a node logs each time it takes the VIP.
+const vipTaken = "vip: this node holds the shared address"
+
+// vipMoves is how many times the rig's nodes have taken the VIP.
+func (r *rackRig) vipMoves() int {
+	n := 0
+	for _, node := range r.nodes {
+		n += strings.Count(node.log.String(), vipTaken)
+	}
+	return n
+}
+
+// vipLast is the order an upgrade takes the rig's nodes in: the control
+// planes with holder last, then the workers.
+func (r *rackRig) vipLast(holder string) []string {
+	var cps, workers []string
+	for _, n := range r.nodes {
+		switch {
+		case n.role != "controlplane":
+			workers = append(workers, n.host)
+		case n.host != holder:
+			cps = append(cps, n.host)
+		}
+	}
+	return slices.Concat(cps, []string{holder}, workers)
+}
+
+// node is the rig's node of that name.
+func (r *rackRig) node(host string) *emuNode {
+	i := slices.IndexFunc(r.nodes, func(n *emuNode) bool { return n.host == host })
+	if i < 0 {
+		r.t.Fatalf("no node %s in the rig", host)
+	}
+	return r.nodes[i]
 }
 
 func stepNames(r upgrade.Result) string {
@@ -194,14 +251,38 @@ func sampleAPI(t *testing.T, rc *rest.Config) *apiSampler {
 	return a
 }
 
+// getOK GETs url and wants 200. A failure says how far the request got,
+// which tells a VIP in the middle of a move (no TCP connection, or one
+// refused) from an API server that answered late (connected, no reply in
+// time).
 func getOK(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	start := time.Now()
+	var connected, handshaken time.Duration
+	trace := &httptrace.ClientTrace{
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				connected = time.Since(start)
+			}
+		},
+		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
+			if err == nil {
+				handshaken = time.Since(start)
+			}
+		},
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err
+		switch {
+		case handshaken > 0:
+			return fmt.Errorf("connected in %v, TLS in %v: %w", connected.Round(time.Millisecond), handshaken.Round(time.Millisecond), err)
+		case connected > 0:
+			return fmt.Errorf("connected in %v, no TLS handshake: %w", connected.Round(time.Millisecond), err)
+		}
+		return fmt.Errorf("no connection: %w", err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)

@@ -18,6 +18,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	clientconfig "github.com/siderolabs/talos/pkg/machinery/client/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/network"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -160,6 +161,36 @@ func (r *Rack) MachineState(ctx context.Context, name string) (MachineState, err
 		return nil
 	})
 	return ms, err
+}
+
+// VIPHolder is the control plane that has the rack's VIP on a link now,
+// as its Talos API lists its addresses (Talos's AddressStatus mirrors
+// the kernel's, the VIP among them); "" if the rack has no VIP or no
+// control plane that answers holds it. A control plane that does not
+// answer (rebooting) is passed over: it cannot hold the VIP.
+func (r *Rack) VIPHolder(ctx context.Context) (string, error) {
+	if r.Rack.Cluster.VIP == "" {
+		return "", nil
+	}
+	vip, err := netip.ParseAddr(r.Rack.Cluster.VIP)
+	if err != nil {
+		return "", fmt.Errorf("cluster.vip %q: %w", r.Rack.Cluster.VIP, err)
+	}
+	for _, name := range r.ControlPlanes() {
+		held := false
+		err := r.Call(ctx, name, 5*time.Second, func(ctx context.Context, c *client.Client) error {
+			addrs, err := safe.StateListAll[*network.AddressStatus](ctx, c.COSI)
+			if err != nil {
+				return err
+			}
+			_, held = addrs.Find(func(a *network.AddressStatus) bool { return a.TypedSpec().Address.Addr() == vip })
+			return nil
+		})
+		if err == nil && held {
+			return name, nil
+		}
+	}
+	return "", nil
 }
 
 // Kube is a client of the cluster through the bootstrap's kubeconfig.

@@ -115,7 +115,7 @@ func Kubernetes(ctx context.Context, o KubernetesOptions) (KubernetesResult, err
 	if err != nil {
 		return res, err
 	}
-	res.Steps = plan(r, nodes, target)
+	res.Steps = plan(r, vipHolder(ctx, o.Rack, o.Log), nodes, target)
 	if o.DryRun {
 		return res, nil
 	}
@@ -145,7 +145,7 @@ func readConfigs(ctx context.Context, o KubernetesOptions, target string) (map[s
 		return nil, fmt.Errorf("%q is not a Kubernetes version: %w", target, err)
 	}
 	nodes := map[string]nodeConfig{}
-	for _, name := range order(o.Rack.Rack) {
+	for _, name := range order(o.Rack.Rack, "") {
 		var (
 			mc coreconfig.Provider
 			ms rackapi.MachineState
@@ -198,10 +198,11 @@ func imagesOf(mc coreconfig.Provider) map[string]string {
 
 // plan is the steps in Talos's order: each control-plane component on
 // every control plane, kube-proxy on every control plane, then the
-// kubelets (control planes first).
-func plan(r *rack.Rack, nodes map[string]nodeConfig, target string) []ComponentStep {
+// kubelets (control planes first). Control planes go in rack order but
+// for vipHolder, last: its kube-apiserver's restart moves the VIP.
+func plan(r *rack.Rack, vipHolder string, nodes map[string]nodeConfig, target string) []ComponentStep {
 	var cps, all []nodeConfig
-	for _, name := range order(r) {
+	for _, name := range order(r, vipHolder) {
 		n := nodes[name]
 		all = append(all, n)
 		if n.controlPlane {
@@ -254,7 +255,7 @@ func withTag(image, tag string) string {
 // stops the upgrade before it starts. A node that does not implement the
 // pull (Unimplemented) is skipped, as Talos's tool skips it.
 func prePull(ctx context.Context, o KubernetesOptions, nodes map[string]nodeConfig, target string) error {
-	for _, name := range order(o.Rack.Rack) {
+	for _, name := range order(o.Rack.Rack, "") {
 		n := nodes[name]
 		for _, comp := range slices.Concat(staticPods, []string{Kubelet}) {
 			image, ok := n.images[comp]

@@ -32,7 +32,7 @@ func TestKubernetesPlanOrder(t *testing.T) {
 		"w1":  {name: "w1", images: map[string]string{Kubelet: "ghcr.io/siderolabs/kubelet:v1.35.4"}},
 	}
 	var got []string
-	for _, s := range plan(r, nodes, "v1.36.3") {
+	for _, s := range plan(r, "", nodes, "v1.36.3") {
 		got = append(got, s.Component+"/"+s.Node+"/"+s.Result)
 	}
 	want := []string{
@@ -44,6 +44,19 @@ func TestKubernetesPlanOrder(t *testing.T) {
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("plan:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// cp2 holds the VIP: it goes last of the control planes, each step.
+	got = nil
+	for _, s := range plan(r, "cp2", nodes, "v1.36.3") {
+		got = append(got, s.Component+"/"+s.Node)
+	}
+	want = []string{
+		"kube-apiserver/cp1", "kube-apiserver/cp2", "kube-controller-manager/cp1", "kube-controller-manager/cp2",
+		"kube-scheduler/cp1", "kube-scheduler/cp2", "kube-proxy/cp1", "kube-proxy/cp2",
+		"kubelet/cp1", "kubelet/cp2", "kubelet/w1",
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("plan with the VIP on cp2:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

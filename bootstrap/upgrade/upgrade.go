@@ -1,5 +1,6 @@
 // Package upgrade moves a bootstrapped rack to the Talos version its rack
-// file names, one node at a time, control planes first, as Talos's
+// file names, one node at a time, control planes first (the one holding
+// the VIP last of them, so that the VIP moves once), as Talos's
 // `talosctl upgrade` does node by node: Talos's Upgrade API with the
 // rack's installer image, gated on etcd (every member healthy before a
 // node goes, and again once it is back) and on the node coming back on
@@ -72,7 +73,8 @@ type Result struct {
 }
 
 // Talos upgrades every node that does not run the rack's Talos version,
-// control planes first (in rack order), then workers. It stops at the
+// control planes first (in rack order, the VIP's holder last), then
+// workers. It stops at the
 // first node that fails, with the node and the reason.
 func Talos(ctx context.Context, o Options) (Result, error) {
 	start := time.Now()
@@ -97,7 +99,7 @@ func Talos(ctx context.Context, o Options) (Result, error) {
 	// refuses the whole upgrade, and a node that does not answer stops it
 	// before it starts. (One rebooting after a run cut short is back
 	// within the wait.)
-	for _, name := range order(r) {
+	for _, name := range order(r, vipHolder(ctx, o.Rack, o.Log)) {
 		m, _ := o.Rack.Machine(name)
 		var ms rackapi.MachineState
 		err := wait.For(ctx, min(o.Timeout, answerWait), name+" answering", func() error {
@@ -139,17 +141,39 @@ func Talos(ctx context.Context, o Options) (Result, error) {
 }
 
 // order is the rack's control planes, then its workers, each in rack
-// order.
-func order(r *rack.Rack) []string {
-	var cps, workers []string
+// order, except that the control plane holding the VIP (vipHolder, ""
+// if none is known) goes last of the control planes. A control plane
+// that goes lets the VIP go if it holds it, and clients lose what they
+// send while it moves (Talos removes the address from the old holder
+// before the next one announces it, and a TCP connection attempt lost
+// then is retried after a second). In rack order the VIP could move once
+// per control plane; with its holder last, it moves once.
+func order(r *rack.Rack, vipHolder string) []string {
+	var cps, last, workers []string
 	for _, m := range r.Machines {
-		if m.Role == rack.RoleControlPlane {
-			cps = append(cps, m.Hostname)
-		} else {
+		switch {
+		case m.Role != rack.RoleControlPlane:
 			workers = append(workers, m.Hostname)
+		case m.Hostname == vipHolder:
+			last = append(last, m.Hostname)
+		default:
+			cps = append(cps, m.Hostname)
 		}
 	}
-	return append(cps, workers...)
+	return slices.Concat(cps, last, workers)
+}
+
+// vipHolder is the control plane that holds the rack's VIP, "" if none
+// answers that it does; the upgrade goes on without knowing.
+func vipHolder(ctx context.Context, r *rackapi.Rack, log *slog.Logger) string {
+	holder, err := r.VIPHolder(ctx)
+	switch {
+	case err != nil:
+		log.Warn("cannot tell which control plane holds the VIP; control planes go in rack order", "err", err)
+	case holder != "":
+		log.Info("the VIP's holder goes last of the control planes, so that the VIP moves once", "node", holder, "vip", r.Rack.Cluster.VIP)
+	}
+	return holder
 }
 
 // checkStep refuses what Cozy does not do: a downgrade, a version that

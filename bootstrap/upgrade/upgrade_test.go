@@ -41,7 +41,18 @@ func TestOrderIsControlPlanesFirst(t *testing.T) {
 		{Hostname: "w1", Role: rack.RoleWorker}, {Hostname: "cp2", Role: rack.RoleControlPlane},
 		{Hostname: "w2", Role: rack.RoleWorker}, {Hostname: "cp1", Role: rack.RoleControlPlane},
 	}}
-	if got := order(r); !slices.Equal(got, []string{"cp2", "cp1", "w1", "w2"}) {
-		t.Errorf("order %v, want the control planes in rack order, then the workers", got)
+	for _, tc := range []struct {
+		vipHolder string
+		want      []string
+	}{
+		{"", []string{"cp2", "cp1", "w1", "w2"}},
+		{"cp1", []string{"cp2", "cp1", "w1", "w2"}},
+		{"cp2", []string{"cp1", "cp2", "w1", "w2"}},
+		{"w1", []string{"cp2", "cp1", "w1", "w2"}}, // not a control plane: no VIP to move
+		{"gone", []string{"cp2", "cp1", "w1", "w2"}},
+	} {
+		if got := order(r, tc.vipHolder); !slices.Equal(got, tc.want) {
+			t.Errorf("order with the VIP on %q: %v, want %v: the control planes in rack order, the VIP's holder last, then the workers", tc.vipHolder, got, tc.want)
+		}
 	}
 }

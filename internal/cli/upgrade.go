@@ -33,7 +33,8 @@ the rack's installer image:
   1. every node is asked for its version first; a node that does not
      answer, a downgrade, or a jump of more than one minor version refuses
      the whole upgrade before anything changes;
-  2. control planes first, in rack order, then workers, one node at a time:
+  2. control planes first, in rack order but the one that holds the VIP
+     last (so that the VIP moves once), then workers, one node at a time:
      etcd must be healthy with every member before a node goes; then the
      upgrade; then the wait (--timeout) for the node back on the new
      version, its Node Ready (if Kubernetes has one), and etcd healthy
@@ -127,7 +128,8 @@ talosctl upgrade-k8s does, through each node's machine config:
      of more than one minor version, a version a node's Talos does not
      run, or an image a node cannot pull refuses the whole upgrade before
      anything changes;
-  2. kube-apiserver on each control plane in turn, then the
+  2. kube-apiserver on each control plane in turn (in rack order, the one
+     that holds the VIP last, so that the VIP moves once), then the
      controller-manager, then the scheduler: the image patched into the
      node's config (applied without a reboot), then the wait (--timeout)
      until the node's static pod runs the new version and is Ready;

@@ -16,9 +16,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/mdlayher/packet"
 	coreconfig "github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
+	"github.com/siderolabs/talos/pkg/machinery/nethelpers"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -165,6 +167,14 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 		_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
 		return err
 	}
+	// The lease is kept alive beside the loop, as etcd's session does
+	// beside Talos's VIP operator: a keepalive that a busy etcd answers
+	// late must not hold up letting the VIP go when kube-apiserver
+	// restarts (the API behind the VIP refuses connections meanwhile).
+	tick := time.NewTicker(vipLeaseTTL * time.Second / 3)
+	defer tick.Stop()
+	kept := make(chan error, 1)
+	keeping := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -176,20 +186,31 @@ func (v *vipHolder) campaign(ctx context.Context) error {
 			v.node.log.Info("vip: kube-apiserver restarting: letting the VIP go", "vip", v.vip)
 			_ = etcdCall(context.WithoutCancel(ctx), cp.etcd, cp.etcdURL, "/v3/lease/revoke", map[string]any{"ID": lease.ID}, nil)
 			return errResigned
-		case <-time.After(vipLeaseTTL * time.Second / 3):
-		}
-		var alive struct {
-			Result struct{ TTL string }
-		}
-		err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/keepalive", map[string]any{"ID": lease.ID}, &alive)
-		if err == nil && (alive.Result.TTL == "" || alive.Result.TTL == "0") {
-			err = errors.New("the lease expired")
-		}
-		if err != nil {
-			v.node.log.Warn("vip: lost the election", "vip", v.vip, "err", err)
-			return err
+		case <-tick.C:
+			if !keeping {
+				keeping = true
+				go func() { kept <- keepAlive(ctx, cp, lease.ID) }()
+			}
+		case err := <-kept:
+			keeping = false
+			if err != nil {
+				v.node.log.Warn("vip: lost the election", "vip", v.vip, "err", err)
+				return err
+			}
 		}
 	}
+}
+
+// keepAlive renews the VIP's lease once.
+func keepAlive(ctx context.Context, cp *controlPlane, id string) error {
+	var alive struct {
+		Result struct{ TTL string }
+	}
+	err := etcdCall(ctx, cp.etcd, cp.etcdURL, "/v3/lease/keepalive", map[string]any{"ID": id}, &alive)
+	if err == nil && (alive.Result.TTL == "" || alive.Result.TTL == "0") {
+		err = errors.New("the lease expired")
+	}
+	return err
 }
 
 // acquire puts the VIP on the NIC whose subnet holds it.
@@ -202,6 +223,7 @@ func (v *vipHolder) acquire() error {
 		return fmt.Errorf("vip: ip addr add %s dev %s: %v: %s", v.vip, link, err, bytes.TrimSpace(out))
 	}
 	v.link = link
+	v.published(true)
 	// Tell the link's neighbours at once, as Talos does: until they
 	// hear, they send to the MAC of the previous holder, for as long as
 	// their ARP entry lives (tens of seconds).
@@ -249,8 +271,33 @@ func (v *vipHolder) release() {
 		return
 	}
 	_ = exec.Command("ip", "addr", "del", v.vip.String()+"/32", "dev", v.link).Run()
+	v.published(false)
 	v.node.log.Info("vip: released the shared address", "vip", v.vip, "link", v.link)
 	v.link = ""
+}
+
+// published lists the VIP among the node's addresses (AddressStatus), or
+// takes it off, as Talos's list follows the kernel's: clients learn from
+// it which control plane holds the VIP (cozyctl upgrade takes that one
+// last).
+func (v *vipHolder) published(held bool) {
+	v.node.mu.Lock()
+	st := v.node.state
+	v.node.mu.Unlock()
+	if st == nil {
+		return
+	}
+	a := address(linkName(0), 2, netip.PrefixFrom(v.vip, v.vip.BitLen()), nethelpers.ScopeGlobal)
+	ctx := context.Background()
+	var err error
+	if held {
+		err = put(ctx, st, a)
+	} else if err = st.Destroy(ctx, a.Metadata()); state.IsNotFoundError(err) {
+		err = nil
+	}
+	if err != nil {
+		v.node.log.Warn("vip: the address list", "vip", v.vip, "held", held, "err", err)
+	}
 }
 
 // linkFor is the interface with an address in a subnet holding ip.
