@@ -218,14 +218,7 @@ type apiSampler struct {
 
 func sampleAPI(t *testing.T, rc *rest.Config) *apiSampler {
 	t.Helper()
-	tlsConfig, err := rest.TLSConfigFor(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{
-		DialContext: rc.Dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
-	}}
-	url := strings.TrimSuffix(rc.Host, "/") + "/api/v1/namespaces/default"
+	hc, url := namespaceReader(t, rc)
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &apiSampler{cancel: cancel}
 	start := time.Now()
@@ -249,6 +242,21 @@ func sampleAPI(t *testing.T, rc *rest.Config) *apiSampler {
 		}
 	})
 	return a
+}
+
+// namespaceReader is a client that reads the default Namespace through
+// the kubeconfig (the VIP), each read on a new connection with a 1 s
+// timeout, and the URL it reads.
+func namespaceReader(t *testing.T, rc *rest.Config) (*http.Client, string) {
+	t.Helper()
+	tlsConfig, err := rest.TLSConfigFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DialContext: rc.Dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
+	}}
+	return hc, strings.TrimSuffix(rc.Host, "/") + "/api/v1/namespaces/default"
 }
 
 // getOK GETs url and wants 200. A failure says how far the request got,
