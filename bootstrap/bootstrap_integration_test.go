@@ -53,6 +53,7 @@ type rackRig struct {
 
 type emuNode struct {
 	host, role, mac, ip, iface string
+	port                       string        // its link's end on the rack's bridge
 	ns                         *netnstest.NS // the machine's network stack
 	dir                        string
 	cmd                        *exec.Cmd
@@ -90,10 +91,10 @@ func newRackRigWith(t *testing.T, controlPlanes, workers int, machineYAML func(h
 	add := func(host, role string, i int) {
 		n := &emuNode{host: host, role: role, mac: fmt.Sprintf("52:54:00:79:00:%02x", i), ip: fmt.Sprintf("%s.%d", rigSubnet, 10+i),
 			iface: "eth0", ns: netnstest.New(t, host), dir: filepath.Join(r.dir, "disk-"+host), log: &syncbuf.Buffer{}}
-		port := fmt.Sprintf("n%d", i)
-		netnstest.Veth(t, r.ns, port, "", n.ns, n.iface, "")
+		n.port = fmt.Sprintf("n%d", i)
+		netnstest.Veth(t, r.ns, n.port, "", n.ns, n.iface, "")
 		n.ns.IP(t, "link", "set", n.iface, "address", n.mac)
-		r.ns.IP(t, "link", "set", port, "master", "br0")
+		r.ns.IP(t, "link", "set", n.port, "master", "br0")
 		r.nodes = append(r.nodes, n)
 		fmt.Fprintf(&machines, `  - hostname: %s
     role: %s

@@ -132,7 +132,7 @@ func (r *rackRig) vipHolder(t *testing.T) string {
 	t.Helper()
 	for _, n := range r.nodes {
 		l := n.log.String()
-		if i := strings.LastIndex(l, vipTaken); i >= 0 && !strings.Contains(l[i:], "vip: released the shared address") {
+		if i := strings.LastIndex(l, vipTaken); i >= 0 && !strings.Contains(l[i:], vipReleased) {
 			return n.host
 		}
 	}

@@ -4,6 +4,8 @@ package bootstrap_test
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -61,4 +63,96 @@ func TestVIPTakeover(t *testing.T) {
 	}
 	t.Logf("%s held the VIP and lost power; %v took it, and the API answered through it again %v later (%d reads failed meanwhile, 1 s timeout, 100 ms apart)",
 		dead.host, took, back.Round(100*time.Millisecond), failed)
+}
+
+// TestVIPPartition: the control plane that holds the VIP is cut off from
+// the rest of the rack while it runs (its link taken off the rack's
+// bridge). Its etcd loses its quorum, so its lease cannot be kept alive:
+// it must drop the VIP, while another control plane takes it and the API
+// answers through it. When the link comes back, exactly one control
+// plane has the VIP on its NIC: two would answer ARP for it, and clients
+// would flap between them.
+func TestVIPPartition(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	r, rc := haRack(ctx, t, 3, 0)
+	cut := r.node(r.vipHolder(t))
+	hc, url := namespaceReader(t, rc)
+	takes := map[string]int{}
+	for _, n := range r.nodes {
+		takes[n.host] = strings.Count(n.log.String(), vipTaken)
+	}
+	released := strings.Count(cut.log.String(), vipReleased)
+
+	r.ns.IP(t, "link", "set", cut.port, "nomaster")
+	start := time.Now()
+	within := func(what string, cond func() error) time.Duration {
+		t.Helper()
+		for {
+			err := cond()
+			if err == nil {
+				return time.Since(start)
+			}
+			if ctx.Err() != nil || time.Since(start) > 2*time.Minute {
+				t.Fatalf("%s: not within 2 min of %s's partition: %v", what, cut.host, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	lost := strings.Count(cut.log.String(), vipLost)
+	dropped := within(cut.host+" drops the VIP", func() error {
+		if strings.Count(cut.log.String(), vipReleased) == released || hasVIP(t, cut) {
+			return fmt.Errorf("it still has %s", rigVIP)
+		}
+		return nil
+	})
+	if strings.Count(cut.log.String(), vipLost) == lost {
+		t.Errorf("%s dropped the VIP without saying it lost its lease (%q)", cut.host, vipLost)
+	}
+	answers := within("the API through the VIP", func() error { return getOK(ctx, hc, url) })
+	var took []string
+	for _, n := range r.nodes {
+		if n != cut && strings.Count(n.log.String(), vipTaken) > takes[n.host] {
+			took = append(took, n.host)
+		}
+	}
+	t.Logf("%s cut off: it dropped the VIP after %v; %v took it, and the API answered through it after %v",
+		cut.host, dropped.Round(100*time.Millisecond), took, answers.Round(100*time.Millisecond))
+	if len(took) != 1 {
+		t.Fatalf("%v took the VIP, want one other control plane", took)
+	}
+
+	// Healed: the new holder keeps the VIP, the old one does not take it
+	// back, and nobody else has it.
+	r.ns.IP(t, "link", "set", cut.port, "master", "br0")
+	time.Sleep(15 * time.Second) // longer than a lease, and the old holder's campaigns
+	var holders []string
+	for _, n := range r.nodes {
+		if hasVIP(t, n) {
+			holders = append(holders, n.host)
+		}
+	}
+	if len(holders) != 1 || holders[0] != took[0] {
+		t.Errorf("after the partition healed, %v have %s on their NIC, want %s alone", holders, rigVIP, took[0])
+	}
+	if err := getOK(ctx, hc, url); err != nil {
+		t.Errorf("the API through the VIP after the partition healed: %v", err)
+	}
+}
+
+// What a node logs when it takes the VIP off its NIC, and when it cannot
+// keep the VIP's lease alive.
+const (
+	vipReleased = "vip: released the shared address"
+	vipLost     = "vip: lost the election"
+)
+
+// hasVIP reports whether the VIP is on the node's NIC.
+func hasVIP(t *testing.T, n *emuNode) bool {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", n.ns.Name, "-4", "-o", "addr", "show", "dev", n.iface).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s's addresses: %v: %s", n.host, err, out)
+	}
+	return strings.Contains(string(out), " "+rigVIP+"/32 ")
 }
