@@ -74,8 +74,8 @@ type Result struct {
 
 // Talos upgrades every node that does not run the rack's Talos version,
 // control planes first (in rack order, the VIP's holder last), then
-// workers. It stops at the
-// first node that fails, with the node and the reason.
+// workers. It stops at the first node that fails, with the node and the
+// reason.
 func Talos(ctx context.Context, o Options) (Result, error) {
 	start := time.Now()
 	if o.Timeout == 0 {
