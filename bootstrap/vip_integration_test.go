@@ -5,7 +5,9 @@ package bootstrap_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,16 +21,11 @@ import (
 func TestVIPTakeover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	r, rc := haRack(ctx, t, 3, 0)
-	dead := r.node(r.vipHolder(t))
-	hc, url := namespaceReader(t, rc)
+	r, dead, hc, url := vipRack(ctx, t)
 	if err := getOK(ctx, hc, url); err != nil {
 		t.Fatalf("the API through the VIP, before: %v", err)
 	}
-	takes := map[string]int{}
-	for _, n := range r.nodes {
-		takes[n.host] = strings.Count(n.log.String(), vipTaken)
-	}
+	takes := r.vipTakes()
 
 	// Power lost: the NIC first, so that nothing of the node answers for
 	// the VIP any more, then every process of it (its etcd and
@@ -52,13 +49,8 @@ func TestVIPTakeover(t *testing.T) {
 	}
 	back := time.Since(lost)
 
-	var took []string
-	for _, n := range r.nodes {
-		if n != dead && strings.Count(n.log.String(), vipTaken) > takes[n.host] {
-			took = append(took, n.host)
-		}
-	}
-	if len(took) != 1 {
+	took := r.vipTakers(takes)
+	if len(took) != 1 || took[0] == dead.host {
 		t.Errorf("after %s lost power, %v took the VIP, want one other control plane", dead.host, took)
 	}
 	t.Logf("%s held the VIP and lost power; %v took it, and the API answered through it again %v later (%d reads failed meanwhile, 1 s timeout, 100 ms apart)",
@@ -75,13 +67,8 @@ func TestVIPTakeover(t *testing.T) {
 func TestVIPPartition(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	r, rc := haRack(ctx, t, 3, 0)
-	cut := r.node(r.vipHolder(t))
-	hc, url := namespaceReader(t, rc)
-	takes := map[string]int{}
-	for _, n := range r.nodes {
-		takes[n.host] = strings.Count(n.log.String(), vipTaken)
-	}
+	r, cut, hc, url := vipRack(ctx, t)
+	takes := r.vipTakes()
 	released := strings.Count(cut.log.String(), vipReleased)
 
 	r.ns.IP(t, "link", "set", cut.port, "nomaster")
@@ -110,15 +97,10 @@ func TestVIPPartition(t *testing.T) {
 		t.Errorf("%s dropped the VIP without saying it lost its lease (%q)", cut.host, vipLost)
 	}
 	answers := within("the API through the VIP", func() error { return getOK(ctx, hc, url) })
-	var took []string
-	for _, n := range r.nodes {
-		if n != cut && strings.Count(n.log.String(), vipTaken) > takes[n.host] {
-			took = append(took, n.host)
-		}
-	}
+	took := r.vipTakers(takes)
 	t.Logf("%s cut off: it dropped the VIP after %v; %v took it, and the API answered through it after %v",
 		cut.host, dropped.Round(100*time.Millisecond), took, answers.Round(100*time.Millisecond))
-	if len(took) != 1 {
+	if len(took) != 1 || took[0] == cut.host {
 		t.Fatalf("%v took the VIP, want one other control plane", took)
 	}
 
@@ -155,4 +137,34 @@ func hasVIP(t *testing.T, n *emuNode) bool {
 		t.Fatalf("%s's addresses: %v: %s", n.host, err, out)
 	}
 	return strings.Contains(string(out), " "+rigVIP+"/32 ")
+}
+
+// vipRack is a rack of three control planes behind a VIP, the one that
+// holds the VIP, and a reader of the API through it.
+func vipRack(ctx context.Context, t *testing.T) (r *rackRig, holder *emuNode, hc *http.Client, url string) {
+	t.Helper()
+	r, rc := haRack(ctx, t, 3, 0)
+	hc, url = namespaceReader(t, rc)
+	return r, r.node(r.vipHolder(t)), hc, url
+}
+
+// vipTakes is how many times each of the rig's nodes has taken the VIP.
+func (r *rackRig) vipTakes() map[string]int {
+	takes := map[string]int{}
+	for _, n := range r.nodes {
+		takes[n.host] = strings.Count(n.log.String(), vipTaken)
+	}
+	return takes
+}
+
+// vipTakers are the nodes that have taken the VIP since before.
+func (r *rackRig) vipTakers(before map[string]int) []string {
+	var took []string
+	for host, n := range r.vipTakes() {
+		if n > before[host] {
+			took = append(took, host)
+		}
+	}
+	slices.Sort(took)
+	return took
 }
