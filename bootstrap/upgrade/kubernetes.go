@@ -199,10 +199,10 @@ func imagesOf(mc coreconfig.Provider) map[string]string {
 // plan is the steps in Talos's order: each control-plane component on
 // every control plane, kube-proxy on every control plane, then the
 // kubelets (control planes first). Control planes go in rack order but
-// for vipHolder, last: its kube-apiserver's restart moves the VIP.
-func plan(r *rack.Rack, vipHolder string, nodes map[string]nodeConfig, target string) []ComponentStep {
+// for the VIP's holder, last: its kube-apiserver's restart moves the VIP.
+func plan(r *rack.Rack, holder string, nodes map[string]nodeConfig, target string) []ComponentStep {
 	var cps, all []nodeConfig
-	for _, name := range order(r, vipHolder) {
+	for _, name := range order(r, holder) {
 		n := nodes[name]
 		all = append(all, n)
 		if n.controlPlane {

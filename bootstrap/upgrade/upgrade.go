@@ -141,20 +141,20 @@ func Talos(ctx context.Context, o Options) (Result, error) {
 }
 
 // order is the rack's control planes, then its workers, each in rack
-// order, except that the control plane holding the VIP (vipHolder, ""
-// if none is known) goes last of the control planes. A control plane
+// order, except that the control plane holding the VIP (holder, "" if
+// none is known) goes last of the control planes. A control plane
 // that goes lets the VIP go if it holds it, and clients lose what they
 // send while it moves (Talos removes the address from the old holder
 // before the next one announces it, and a TCP connection attempt lost
 // then is retried after a second). In rack order the VIP could move once
 // per control plane; with its holder last, it moves once.
-func order(r *rack.Rack, vipHolder string) []string {
+func order(r *rack.Rack, holder string) []string {
 	var cps, last, workers []string
 	for _, m := range r.Machines {
 		switch {
 		case m.Role != rack.RoleControlPlane:
 			workers = append(workers, m.Hostname)
-		case m.Hostname == vipHolder:
+		case m.Hostname == holder:
 			last = append(last, m.Hostname)
 		default:
 			cps = append(cps, m.Hostname)
