@@ -229,6 +229,15 @@ func (r *rackRig) dhcp(ctx context.Context, n *emuNode) {
 	}
 }
 
+// node is the rig's node of that name.
+func (r *rackRig) node(host string) *emuNode {
+	i := slices.IndexFunc(r.nodes, func(n *emuNode) bool { return n.host == host })
+	if i < 0 {
+		r.t.Fatalf("no node %s in the rig", host)
+	}
+	return r.nodes[i]
+}
+
 // start runs (or restarts) the emulated node with its disk.
 func (r *rackRig) start(n *emuNode) {
 	self, _ := os.Executable()

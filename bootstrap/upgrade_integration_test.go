@@ -126,56 +126,6 @@ func TestTalosUpgrade(t *testing.T) {
 	}
 }
 
-// vipHolder is the control plane whose log says last that it took the
-// VIP, and has not let it go since.
-func (r *rackRig) vipHolder(t *testing.T) string {
-	t.Helper()
-	for _, n := range r.nodes {
-		l := n.log.String()
-		if i := strings.LastIndex(l, vipTaken); i >= 0 && !strings.Contains(l[i:], vipReleased) {
-			return n.host
-		}
-	}
-	t.Fatal("no control plane holds the VIP")
-	return ""
-}
-
-// vipTaken is what a node logs each time it takes the VIP.
-const vipTaken = "vip: this node holds the shared address"
-
-// vipMoves is how many times the rig's nodes have taken the VIP.
-func (r *rackRig) vipMoves() int {
-	n := 0
-	for _, node := range r.nodes {
-		n += strings.Count(node.log.String(), vipTaken)
-	}
-	return n
-}
-
-// vipLast is the order an upgrade takes the rig's nodes in: the control
-// planes with holder last, then the workers.
-func (r *rackRig) vipLast(holder string) []string {
-	var cps, workers []string
-	for _, n := range r.nodes {
-		switch {
-		case n.role != "controlplane":
-			workers = append(workers, n.host)
-		case n.host != holder:
-			cps = append(cps, n.host)
-		}
-	}
-	return slices.Concat(cps, []string{holder}, workers)
-}
-
-// node is the rig's node of that name.
-func (r *rackRig) node(host string) *emuNode {
-	i := slices.IndexFunc(r.nodes, func(n *emuNode) bool { return n.host == host })
-	if i < 0 {
-		r.t.Fatalf("no node %s in the rig", host)
-	}
-	return r.nodes[i]
-}
-
 func stepNames(r upgrade.Result) string {
 	var names []string
 	for _, s := range r.Nodes {

@@ -122,9 +122,10 @@ func TestVIPPartition(t *testing.T) {
 	}
 }
 
-// What a node logs when it takes the VIP off its NIC, and when it cannot
-// keep the VIP's lease alive.
+// What a node logs when it takes the VIP, when it takes it off its NIC,
+// and when it cannot keep the VIP's lease alive.
 const (
+	vipTaken    = "vip: this node holds the shared address"
 	vipReleased = "vip: released the shared address"
 	vipLost     = "vip: lost the election"
 )
@@ -137,6 +138,44 @@ func hasVIP(t *testing.T, n *emuNode) bool {
 		t.Fatalf("%s's addresses: %v: %s", n.host, err, out)
 	}
 	return strings.Contains(string(out), " "+rigVIP+"/32 ")
+}
+
+// vipHolder is the control plane whose log says last that it took the
+// VIP, and has not let it go since.
+func (r *rackRig) vipHolder(t *testing.T) string {
+	t.Helper()
+	for _, n := range r.nodes {
+		l := n.log.String()
+		if i := strings.LastIndex(l, vipTaken); i >= 0 && !strings.Contains(l[i:], vipReleased) {
+			return n.host
+		}
+	}
+	t.Fatal("no control plane holds the VIP")
+	return ""
+}
+
+// vipMoves is how many times the rig's nodes have taken the VIP.
+func (r *rackRig) vipMoves() int {
+	n := 0
+	for _, takes := range r.vipTakes() {
+		n += takes
+	}
+	return n
+}
+
+// vipLast is the order an upgrade takes the rig's nodes in: the control
+// planes with holder last, then the workers.
+func (r *rackRig) vipLast(holder string) []string {
+	var cps, workers []string
+	for _, n := range r.nodes {
+		switch {
+		case n.role != "controlplane":
+			workers = append(workers, n.host)
+		case n.host != holder:
+			cps = append(cps, n.host)
+		}
+	}
+	return slices.Concat(cps, []string{holder}, workers)
 }
 
 // vipRack is a rack of three control planes behind a VIP, the one that
