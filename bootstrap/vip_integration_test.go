@@ -49,7 +49,7 @@ func TestVIPTakeover(t *testing.T) {
 	}
 	back := time.Since(lost)
 
-	took := r.vipTakers(takes)
+	took := r.vipTookOver(t, takes)
 	if len(took) != 1 || took[0] == dead.host {
 		t.Errorf("after %s lost power, %v took the VIP, want one other control plane", dead.host, took)
 	}
@@ -97,7 +97,7 @@ func TestVIPPartition(t *testing.T) {
 		t.Errorf("%s dropped the VIP without saying it lost its lease (%q)", cut.host, vipLost)
 	}
 	answers := within("the API through the VIP", func() error { return getOK(ctx, hc, url) })
-	took := r.vipTakers(takes)
+	took := r.vipTookOver(t, takes)
 	t.Logf("%s cut off: it dropped the VIP after %v; %v took it, and the API answered through it after %v",
 		cut.host, dropped.Round(100*time.Millisecond), took, answers.Round(100*time.Millisecond))
 	if len(took) != 1 || took[0] == cut.host {
@@ -194,6 +194,22 @@ func (r *rackRig) vipTakes() map[string]int {
 		takes[n.host] = strings.Count(n.log.String(), vipTaken)
 	}
 	return takes
+}
+
+// vipTookOver are the nodes that have taken the VIP since before, once
+// one has said so: a node logs that it holds the VIP after it put the
+// address on its NIC and announced it, so a client can reach the API
+// through the VIP a moment before the log says who took it.
+func (r *rackRig) vipTookOver(t *testing.T, before map[string]int) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		took := r.vipTakers(before)
+		if len(took) > 0 || time.Now().After(deadline) {
+			return took
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // vipTakers are the nodes that have taken the VIP since before.
