@@ -17,8 +17,12 @@ log=bin/bench.log
 mkdir -p bin
 : >"$log"
 status=0
+# -p 1: one package's benchmarks at a time. go test otherwise runs two
+# packages' test binaries at once on 2 cores: the DHCP ladder shared
+# the machine with the bootstrap's benchmarks, the operator's with the
+# mirror's, and their figures depended on what ran beside them.
 go_test() {
-	"${GO:-go}" test -count=1 -v "$@" 2>&1 | grep --line-buffered -v -e '^=== RUN' -e '^--- PASS' | tee -a "$log"
+	"${GO:-go}" test -p 1 -count=1 -v "$@" 2>&1 | grep --line-buffered -v -e '^=== RUN' -e '^--- PASS' | tee -a "$log"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 
