@@ -18,12 +18,25 @@ func main() {
 	_ = os.MkdirAll("/proc", 0o755)
 	_ = syscall.Mount("sysfs", "/sys", "sysfs", 0, "")
 	_ = syscall.Mount("proc", "/proc", "proc", 0, "")
-	clock, _ := os.ReadFile("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+	// The kernel first registers the TSC as "tsc-early" and replaces it
+	// with "tsc" once it has refined its calibration, a second or more
+	// after boot: wait for that, so that the probe measures the clock a
+	// node runs on (and a run that reads too early does not miss).
+	clock := clocksource()
+	for deadline := time.Now().Add(20 * time.Second); clock == "tsc-early" && time.Now().Before(deadline); clock = clocksource() {
+		time.Sleep(100 * time.Millisecond)
+	}
 	fmt.Printf("tcgprobe clocksource=%s pti=%t now_ns=%d syscall_ns=%d pipe_ns=%d\n",
-		strings.TrimSpace(string(clock)), pti(), perOp(200000, func() { _ = time.Now() }),
+		clock, pti(), perOp(200000, func() { _ = time.Now() }),
 		perOp(100000, func() { _ = syscall.Getppid() }), pipeRoundTrip(20000))
 	syscall.Sync()
 	_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+}
+
+// clocksource is the kernel's current clock source.
+func clocksource() string {
+	b, _ := os.ReadFile("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+	return strings.TrimSpace(string(b))
 }
 
 // pti says whether the kernel isolates its page tables: the pti flag in
