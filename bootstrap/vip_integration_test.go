@@ -4,6 +4,7 @@ package bootstrap_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cozy.dev/cozy/internal/testing/poll"
 )
 
 // TestVIPTakeover: the control plane that holds the VIP loses power, its
@@ -36,17 +39,15 @@ func TestVIPTakeover(t *testing.T) {
 	}
 	lost := time.Now()
 	var failed int
-	for {
+	wait, cancelWait := context.WithDeadline(ctx, lost.Add(2*time.Minute))
+	defer cancelWait()
+	poll.Until(t, wait, 100*time.Millisecond, "the API through the VIP within 2 min after its holder, "+dead.host+", lost power", func() error {
 		err := getOK(ctx, hc, url)
-		if err == nil {
-			break
+		if err != nil {
+			failed++
 		}
-		failed++
-		if ctx.Err() != nil || time.Since(lost) > 2*time.Minute {
-			t.Fatalf("the API through the VIP did not answer within 2 min after its holder, %s, lost power: %v", dead.host, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	back := time.Since(lost)
 
 	took := r.vipTookOver(t, takes)
@@ -73,18 +74,12 @@ func TestVIPPartition(t *testing.T) {
 
 	r.ns.IP(t, "link", "set", cut.port, "nomaster")
 	start := time.Now()
+	wait, cancelWait := context.WithDeadline(ctx, start.Add(2*time.Minute))
+	defer cancelWait()
 	within := func(what string, cond func() error) time.Duration {
 		t.Helper()
-		for {
-			err := cond()
-			if err == nil {
-				return time.Since(start)
-			}
-			if ctx.Err() != nil || time.Since(start) > 2*time.Minute {
-				t.Fatalf("%s: not within 2 min of %s's partition: %v", what, cut.host, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(t, wait, 100*time.Millisecond, what+" within 2 min of "+cut.host+"'s partition", cond)
+		return time.Since(start)
 	}
 	lost := strings.Count(cut.log.String(), vipLost)
 	dropped := within(cut.host+" drops the VIP", func() error {
@@ -202,14 +197,14 @@ func (r *rackRig) vipTakes() map[string]int {
 // through the VIP a moment before the log says who took it.
 func (r *rackRig) vipTookOver(t *testing.T, before map[string]int) []string {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		took := r.vipTakers(before)
-		if len(took) > 0 || time.Now().After(deadline) {
-			return took
+	var took []string
+	poll.Within(t, 30*time.Second, 100*time.Millisecond, "a control plane's log saying it took the VIP", func() error {
+		if took = r.vipTakers(before); len(took) == 0 {
+			return errors.New("no node has logged it")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return took
 }
 
 // vipTakers are the nodes that have taken the VIP since before.
