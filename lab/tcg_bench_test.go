@@ -64,17 +64,18 @@ func TestBenchLabKernelTCG(t *testing.T) {
 	// and printed nothing for 5 minutes, which ended the whole bench.
 	hung := map[bool]int{}
 	name := map[bool]string{false: "Talos's arguments", true: "with " + nodeimage.TCGArgs}
+	kernel := filepath.Join(os.Getenv("COZY_BOOT_ASSETS"), "vmlinuz")
 	for i := range 6 {
 		withArgs := i%2 == 1
 		cmdline := talos
 		if withArgs {
 			cmdline += " " + nodeimage.TCGArgs
 		}
-		r, err := bootProbe(filepath.Join(os.Getenv("COZY_BOOT_ASSETS"), "vmlinuz"), initrd, cmdline)
+		r, err := bootProbe(kernel, initrd, cmdline)
 		if err != nil {
 			hung[withArgs]++
 			t.Logf("%s, boot %d: %v; booting again", name[withArgs], i+1, err)
-			if r, err = bootProbe(filepath.Join(os.Getenv("COZY_BOOT_ASSETS"), "vmlinuz"), initrd, cmdline); err != nil {
+			if r, err = bootProbe(kernel, initrd, cmdline); err != nil {
 				t.Fatalf("%s, boot %d, twice: %v", name[withArgs], i+1, err)
 			}
 		}
