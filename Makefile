@@ -76,6 +76,10 @@ capi: ## Build (once, cached) the Cluster API core and kubeadm bootstrap manager
 kamaji: ## Build (once, cached) Kamaji v1.0.0, the Kamaji control-plane provider ported to it, its DataStore's etcd, and the images of those, of Cluster API's managers and of its tenants' control planes (Kubernetes v1.30.2, Konnectivity), for make e2e and make bench
 	hack/kamaji.sh >/dev/null
 
+.PHONY: kube-ovn
+kube-ovn: ## Build (once, cached) Kube-OVN's image from its module with Debian 13's Open vSwitch and OVN, for make e2e
+	hack/kube-ovn.sh >/dev/null
+
 .PHONY: unit
 unit: ## Unit tests: fast, no root, no API server
 	$(GO_ENV) $(GO) test $(TEST_FLAGS) ./...
@@ -111,11 +115,13 @@ worker-image: ## Build Cozy's tenant worker image (KubeVirt containerDisk) for K
 	hack/worker-image.sh $(K8S_VERSION)
 
 .PHONY: e2e
-e2e: build image envtest flux capi node kamaji ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API, the Kamaji provider and CAPK, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror, its logs and exec through Konnectivity, then cozy-operator, deployed from its chart and image as a pod, bringing a TenantCluster to Ready (root)
+e2e: build image envtest flux capi node kamaji kube-ovn ## Beyond CI's time: the lab with real nodes under TCG (2 VMs to Ready Nodes, CoreDNS, probe pods across them), the lab's platform (1 VM, Flux installs MetalLB, a LoadBalancer Service answers on the bridge), Kube-OVN's control plane from the image Cozy builds (Debian's OVN, programmed by Kube-OVN's controller against a real API server), a Kubernetes upgrade across two builds (1.35.4 to 1.36.3), and Kamaji serving a tenant control plane on the process tier's nodes from cozy-operator's objects through Cluster API, the Kamaji provider and CAPK, which a worker VM of Cozy's image joins and runs pods on, pulling through the mirror, its logs and exec through Konnectivity, then cozy-operator, deployed from its chart and image as a pod, bringing a TenantCluster to Ready (root)
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 65m -run 'TestLabNodes$$' -v ./lab/
 	$(NODE_ENV) COZY_NODE_BINARY="$$PWD/bin/cozy-talos-node" COZY_FLUX_BIN="$$(hack/flux-controllers.sh)" \
 		$(GO_ENV) $(GO) test -tags 'integration lab' -count=1 -timeout 90m -run 'TestLabPlatform$$' -v ./lab/
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" COZY_KUBE_OVN_IMAGE="$$(hack/kube-ovn.sh)" \
+		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 10m -run 'TestKubeOVNImage$$' -v ./hack/kubeovnimage/
 	$(NODE_ENV) COZY_K8S_PREVIOUS="$$(hack/envtest-assets.sh $(K8S_PREVIOUS))" \
 		$(GO_ENV) $(GO) test -tags 'integration e2e' -count=1 -timeout 20m -run 'TestKubernetesUpgradeVersions$$' -v ./bootstrap/
 	$(NODE_ENV) COZY_KAMAJI="$$(hack/kamaji.sh)" COZY_CAPI_BIN="$$(hack/capi-controllers.sh)" \
