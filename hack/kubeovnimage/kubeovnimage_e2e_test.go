@@ -29,6 +29,7 @@ import (
 
 	"cozy.dev/cozy/internal/testing/poll"
 	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/runc"
 	"cozy.dev/cozy/internal/testing/testenv"
 )
 
@@ -135,19 +136,19 @@ func TestKubeOVNImage(t *testing.T) {
 		"POD_NAME=ovn-central-0", "ENABLE_SSL=false", "NODE_IPS=127.0.0.1", "ENABLE_BIND_LOCAL_IP=true",
 		"PROBE_INTERVAL=180000", "OVN_NORTHD_PROBE_INTERVAL=5000", "OVN_LEADER_PROBE_INTERVAL=5", "OVN_NORTHD_N_THREADS=1", "ENABLE_COMPACT=false"}))
 	nbctl := func(args ...string) (string, error) {
-		return central.exec(append([]string{"ovn-nbctl", "--db=tcp:[127.0.0.1]:6641", "--timeout=10"}, args...)...)
+		return central.Exec(asPod, append([]string{"ovn-nbctl", "--db=tcp:[127.0.0.1]:6641", "--timeout=10"}, args...)...)
 	}
 	sbctl := func(args ...string) (string, error) {
-		return central.exec(append([]string{"ovn-sbctl", "--db=tcp:[127.0.0.1]:6642", "--timeout=10"}, args...)...)
+		return central.Exec(asPod, append([]string{"ovn-sbctl", "--db=tcp:[127.0.0.1]:6642", "--timeout=10"}, args...)...)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			controller, _ := central.exec("tail", "-50", "/var/log/kube-ovn/kube-ovn-controller.log")
-			t.Logf("ovn-central:\n%s\nthe controller's log, its end:\n%s", central.log(), controller)
+			controller, _ := central.Exec(asPod, "tail", "-50", "/var/log/kube-ovn/kube-ovn-controller.log")
+			t.Logf("ovn-central:\n%s\nthe controller's log, its end:\n%s", central.Log(), controller)
 		}
 	})
 	poll.Until(t, ctx, 2*time.Second, "OVN's northbound database", func() error {
-		if central.stopped() {
+		if central.Stopped() {
 			t.Fatal("ovn-central's start-db.sh ended")
 		}
 		_, err := nbctl("get-connection")
@@ -156,12 +157,12 @@ func TestKubeOVNImage(t *testing.T) {
 
 	// controller-deploy.yaml's arguments with the chart's defaults, but
 	// load balancers and network policies off, as Cozy's values set them.
-	central.execDetached(t, []string{"/kube-ovn/start-controller.sh",
+	controllerEnv := slices.Concat(podEnv, []string{"POD_NAME=kube-ovn-controller-0", "OVN_DB_IPS=127.0.0.1"})
+	central.ExecDetached(t, slices.Concat(asPod, envOptions(controllerEnv)), "/kube-ovn/start-controller.sh",
 		"--default-ls=ovn-default", "--default-cidr=10.16.0.0/16", "--default-gateway=10.16.0.1",
 		"--cluster-router=ovn-cluster", "--node-switch=join", "--node-switch-cidr=100.64.0.0/16",
 		"--service-cluster-ip-range=10.96.0.0/12", "--network-type=geneve", "--enable-lb=false", "--enable-np=false",
-		"--logtostderr=false", "--alsologtostderr=true", "--log_file=/var/log/kube-ovn/kube-ovn-controller.log"},
-		slices.Concat(podEnv, []string{"POD_NAME=kube-ovn-controller-0", "OVN_DB_IPS=127.0.0.1"}))
+		"--logtostderr=false", "--alsologtostderr=true", "--log_file=/var/log/kube-ovn/kube-ovn-controller.log")
 
 	// The node's port on the join switch, and its address on the Node.
 	var joinIP string
@@ -281,14 +282,6 @@ func serviceAccount(t *testing.T, ctx context.Context, env *testenv.Env) podIden
 	return podIdentity{dir: dir, env: []string{"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}}
 }
 
-// container is a runc container of the image.
-type container struct {
-	t       *testing.T
-	id, out string
-}
-
-var containers int
-
 // pod is how the chart runs a container: its user, the capabilities
 // it adds, its volumes (path in the container: directory here).
 type pod struct {
@@ -308,58 +301,36 @@ var containerdCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CA
 // capabilities and p's, no_new_privs off (so the image's file
 // capabilities count, as allowPrivilegeEscalation's default lets them).
 // It is deleted when the test ends.
-func startContainer(t *testing.T, bundle string, p pod, args, env []string) *container {
+func startContainer(t *testing.T, bundle string, p pod, args, env []string) *runc.Container {
 	t.Helper()
-	file := filepath.Join(bundle, "config.json")
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec rspec.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		t.Fatal(err)
-	}
-	spec.Process.Args = args
-	spec.Process.Env = append(spec.Process.Env, env...)
-	spec.Process.Terminal = false
-	spec.Process.User = rspec.User{UID: p.user, GID: p.user}
-	spec.Process.NoNewPrivileges = false
-	caps := slices.Concat(containerdCaps, p.caps)
-	spec.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
-	var namespaces []rspec.LinuxNamespace
-	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type != rspec.NetworkNamespace {
-			namespaces = append(namespaces, ns)
+	runc.EditSpec(t, bundle, func(spec *rspec.Spec) {
+		spec.Process.Args = args
+		spec.Process.Env = append(spec.Process.Env, env...)
+		spec.Process.Terminal = false
+		spec.Process.User = rspec.User{UID: p.user, GID: p.user}
+		spec.Process.NoNewPrivileges = false
+		caps := slices.Concat(containerdCaps, p.caps)
+		spec.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+		spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(ns rspec.LinuxNamespace) bool { return ns.Type == rspec.NetworkNamespace })
+		for dst, src := range p.volumes {
+			spec.Mounts = append(spec.Mounts, rspec.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
 		}
+	})
+	c := runc.Create(t, bundle)
+	c.Start(t)
+	return c
+}
+
+// asPod are runc exec's options for a command run as the pods' user.
+var asPod = []string{"--user", "65534:65534"}
+
+// envOptions are runc exec's options that set env.
+func envOptions(env []string) []string {
+	var opts []string
+	for _, e := range env {
+		opts = append(opts, "--env", e)
 	}
-	spec.Linux.Namespaces = namespaces
-	for dst, src := range p.volumes {
-		spec.Mounts = append(spec.Mounts, rspec.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
-	}
-	if data, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	containers++
-	ct := &container{t: t, id: fmt.Sprintf("cozy-kube-ovn-%d-%d", os.Getpid(), containers), out: filepath.Join(t.TempDir(), "container.log")}
-	t.Cleanup(func() { _ = exec.Command("runc", "delete", "--force", ct.id).Run() })
-	// The container's init keeps runc's stdout and stderr: a file, so
-	// that waiting for runc does not wait for the container.
-	log, err := os.Create(ct.out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	for _, step := range [][]string{{"create", "--bundle", bundle, ct.id}, {"start", ct.id}} {
-		cmd := exec.Command("runc", step...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("runc %s: %v\n%s", step[0], err, ct.log())
-		}
-	}
-	return ct
+	return opts
 }
 
 // volume is an empty directory for a pod's volume, owned by uid, as the
@@ -371,51 +342,6 @@ func volume(t *testing.T, uid int) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// exec runs a command in the container and returns its output.
-func (c *container) exec(args ...string) (string, error) {
-	out, err := exec.Command("runc", append([]string{"exec", "--user", "65534:65534", c.id}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("runc exec %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
-}
-
-// execDetached starts a second process in the container, as a pod's
-// second container on the host's network would run: runc exec --detach,
-// its output in a file (a pipe would stay open as long as it runs).
-func (c *container) execDetached(t *testing.T, args, env []string) {
-	t.Helper()
-	cmdArgs := []string{"exec", "--detach", "--user", "65534:65534"}
-	for _, e := range env {
-		cmdArgs = append(cmdArgs, "--env", e)
-	}
-	cmdArgs = append(cmdArgs, c.id)
-	log, err := os.Create(filepath.Join(t.TempDir(), "exec.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	cmd := exec.Command("runc", append(cmdArgs, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Run(); err != nil {
-		out, _ := os.ReadFile(log.Name())
-		t.Fatalf("runc exec %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-// stopped says whether the container's first process has ended.
-func (c *container) stopped() bool {
-	out, err := exec.Command("runc", "state", c.id).Output()
-	var state rspec.State
-	return err != nil || json.Unmarshal(out, &state) != nil || state.Status == rspec.StateStopped
-}
-
-// log is what the container's first process printed.
-func (c *container) log() string {
-	data, _ := os.ReadFile(c.out)
-	return string(data)
 }
 
 func mustRun(t *testing.T, name string, args ...string) []byte {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"cozy.dev/cozy/internal/ociimage"
 	"cozy.dev/cozy/internal/testing/prereq"
+	"cozy.dev/cozy/internal/testing/runc"
 	"cozy.dev/cozy/internal/testing/syncbuf"
 )
 
@@ -225,55 +225,35 @@ func mustRun(t *testing.T, name string, args ...string) []byte {
 	return out
 }
 
-var containers int
-
 // setSpec rewrites the bundle's runtime spec as the kubelet would run a
 // container of a privileged-enough pod (flannel and kube-proxy get
 // NET_ADMIN and NET_RAW), with args, its own network namespace, and
 // volumes (path in the container: directory here).
 func setSpec(t *testing.T, bundle string, args []string, volumes map[string]string, edit func(*rspec.Spec)) {
 	t.Helper()
-	file := filepath.Join(bundle, "config.json")
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec rspec.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		t.Fatal(err)
-	}
-	if args != nil {
-		spec.Process.Args = args
-	}
-	spec.Process.Terminal = false
-	caps := spec.Process.Capabilities
-	for _, c := range []string{"CAP_NET_ADMIN", "CAP_NET_RAW"} {
-		caps.Bounding, caps.Effective, caps.Permitted = append(caps.Bounding, c), append(caps.Effective, c), append(caps.Permitted, c)
-	}
-	hasNetNS := false
-	for _, ns := range spec.Linux.Namespaces {
-		hasNetNS = hasNetNS || ns.Type == rspec.NetworkNamespace
-	}
-	if !hasNetNS {
-		spec.Linux.Namespaces = append(spec.Linux.Namespaces, rspec.LinuxNamespace{Type: rspec.NetworkNamespace})
-	}
-	for dst, src := range volumes {
-		spec.Mounts = append(spec.Mounts, rspec.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
-	}
-	if edit != nil {
-		edit(&spec)
-	}
-	if data, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func containerID() string {
-	containers++
-	return fmt.Sprintf("cozy-lab-images-%d-%d", os.Getpid(), containers)
+	runc.EditSpec(t, bundle, func(spec *rspec.Spec) {
+		if args != nil {
+			spec.Process.Args = args
+		}
+		spec.Process.Terminal = false
+		caps := spec.Process.Capabilities
+		for _, c := range []string{"CAP_NET_ADMIN", "CAP_NET_RAW"} {
+			caps.Bounding, caps.Effective, caps.Permitted = append(caps.Bounding, c), append(caps.Effective, c), append(caps.Permitted, c)
+		}
+		hasNetNS := false
+		for _, ns := range spec.Linux.Namespaces {
+			hasNetNS = hasNetNS || ns.Type == rspec.NetworkNamespace
+		}
+		if !hasNetNS {
+			spec.Linux.Namespaces = append(spec.Linux.Namespaces, rspec.LinuxNamespace{Type: rspec.NetworkNamespace})
+		}
+		for dst, src := range volumes {
+			spec.Mounts = append(spec.Mounts, rspec.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
+		}
+		if edit != nil {
+			edit(spec)
+		}
+	})
 }
 
 // runIn runs args in a new container of the bundle and returns what it
@@ -281,13 +261,7 @@ func containerID() string {
 func runIn(t *testing.T, bundle string, args []string) string {
 	t.Helper()
 	setSpec(t, bundle, args, nil, nil)
-	id := containerID()
-	t.Cleanup(func() { _ = exec.Command("runc", "delete", "--force", id).Run() })
-	out, err := exec.Command("runc", "run", "--bundle", bundle, id).CombinedOutput()
-	if err != nil {
-		t.Errorf("runc run %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return runc.Run(t, bundle)
 }
 
 // container creates a container of the bundle whose entrypoint never
@@ -296,27 +270,13 @@ func runIn(t *testing.T, bundle string, args []string) string {
 func container(t *testing.T, bundle string, volumes map[string]string) func(args []string) string {
 	t.Helper()
 	setSpec(t, bundle, nil, volumes, nil)
-	id := containerID()
-	t.Cleanup(func() { _ = exec.Command("runc", "delete", "--force", id).Run() })
-	// The container's init keeps runc create's stdout and stderr open:
-	// a file, not a pipe, so that waiting for runc does not wait for it.
-	log, err := os.Create(filepath.Join(t.TempDir(), "create.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	create := exec.Command("runc", "create", "--bundle", bundle, id)
-	create.Stdout, create.Stderr = log, log
-	if err := create.Run(); err != nil {
-		out, _ := os.ReadFile(log.Name())
-		t.Fatalf("runc create: %v\n%s", err, out)
-	}
+	c := runc.Create(t, bundle)
 	return func(args []string) string {
-		out, err := exec.Command("runc", append([]string{"exec", id}, args...)...).CombinedOutput()
+		out, err := c.Exec(nil, args...)
 		if err != nil {
-			t.Errorf("runc exec %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Error(err)
 		}
-		return string(out)
+		return out
 	}
 }
 
@@ -341,7 +301,7 @@ func corednsBindsPort53(t *testing.T, dir string) {
 		only := []string{"CAP_NET_BIND_SERVICE"}
 		s.Process.Capabilities = &rspec.LinuxCapabilities{Bounding: only, Effective: only, Permitted: only}
 	})
-	id := containerID()
+	id := runc.NewID()
 	out := &syncbuf.Buffer{}
 	cmd := exec.Command("runc", "run", "--bundle", bundle, id)
 	cmd.Stdout, cmd.Stderr = out, out

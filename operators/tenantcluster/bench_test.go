@@ -232,22 +232,13 @@ func best(rs []benchResult) benchResult {
 func benchPlain(t *testing.T, round, perCluster int) benchResult {
 	ctx := context.Background()
 	env := benchEnv(t)
-	httpClient, err := rest.HTTPClientFor(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = benchQPS, benchQPS
-	w, err := newWriter(cfg, httpClient, env.Client.RESTMapper())
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _ := benchWriter(t, env)
 	cpu0, own0 := childrenCPU(t), processCPU(t, os.Getpid())
 	if round == 1 {
 		profileAPIServer(t, env, "plain")
 	}
 	start := time.Now()
-	err = parallel(benchClusters, func(i int) error {
+	err := parallel(benchClusters, func(i int) error {
 		tc := benchTenantCluster(i)
 		if err := env.Client.Create(ctx, tc); err != nil {
 			return err
@@ -289,16 +280,7 @@ func benchDirect(t *testing.T, perCluster int) (children, all benchResult) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env := benchEnv(t)
-	httpClient, err := rest.HTTPClientFor(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = benchQPS, benchQPS
-	w, err := newWriter(cfg, httpClient, env.Client.RESTMapper())
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, cfg := benchWriter(t, env)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -342,6 +324,23 @@ func benchDirect(t *testing.T, perCluster int) (children, all benchResult) {
 	t.Logf("the operator's writes, made directly: %d TenantClusters and %d children in %v, their statuses too in %v; CPU of kube-apiserver+etcd %v, of the test process %v",
 		benchClusters, benchClusters*perCluster, children.wall.Round(time.Millisecond), all.wall.Round(time.Millisecond), all.serverCPU.Round(time.Second), all.clientCPU.Round(time.Second))
 	return children, all
+}
+
+// benchWriter is the operator's writer for the bench's API server, at
+// the bench's client rate, and the configuration it uses.
+func benchWriter(t *testing.T, env *testenv.Env) (*writer, *rest.Config) {
+	t.Helper()
+	httpClient, err := rest.HTTPClientFor(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = benchQPS, benchQPS
+	w, err := newWriter(cfg, httpClient, env.Client.RESTMapper())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, cfg
 }
 
 // benchOperator creates the TenantClusters and waits until the operator
