@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/url"
@@ -81,15 +80,12 @@ func TestKubeOVNImage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	var config ocispec.Image
-	if err := json.Unmarshal(mustRun(t, "skopeo", "inspect", "--config", "oci:"+dir+":"+kubeOVNRef), &config); err != nil {
-		t.Fatal(err)
-	}
+	config := runc.Config(t, dir, kubeOVNRef)
 	if c := config.Config; strings.Join(c.Entrypoint, " ") != "/usr/bin/dumb-init --" || c.WorkingDir != "/kube-ovn" || config.Architecture != "amd64" {
 		t.Errorf("config %+v, want dumb-init as the entrypoint in /kube-ovn, as upstream's", c)
 	}
 	// skopeo copy checks every blob against its digest.
-	mustRun(t, "skopeo", "copy", "--quiet", "oci:"+dir+":"+kubeOVNRef, "oci:"+filepath.Join(t.TempDir(), "copy")+":image")
+	runc.CheckBlobs(t, dir, kubeOVNRef)
 
 	env := testenv.Start(t, testenv.Options{CRDs: []testenv.CRDSource{
 		{Module: kubeOVNModule, Version: kubeOVNVersion, Dir: "charts/kube-ovn/templates/kube-ovn-crd.yaml"},
@@ -115,8 +111,7 @@ func TestKubeOVNImage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	bundle := filepath.Join(t.TempDir(), "bundle")
-	mustRun(t, "umoci", "unpack", "--image", dir+":"+kubeOVNRef, bundle)
+	bundle := runc.Unpack(t, dir, kubeOVNRef)
 	podEnv := slices.Concat(sa.env, []string{
 		"POD_IP=127.0.0.1", "POD_IPS=127.0.0.1", "POD_NAMESPACE=kube-system", "KUBE_NAMESPACE=kube-system", "KUBE_NODE_NAME=" + nodeName})
 	// central-deploy.yaml's environment with the chart's defaults; one
@@ -342,13 +337,4 @@ func volume(t *testing.T, uid int) string {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-func mustRun(t *testing.T, name string, args ...string) []byte {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return out
 }

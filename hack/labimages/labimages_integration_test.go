@@ -161,18 +161,14 @@ func TestLabImages(t *testing.T) {
 			if !refs[im.ref] {
 				t.Fatalf("%s is not in the layout", im.ref)
 			}
-			var config ocispec.Image
-			if err := json.Unmarshal(mustRun(t, "skopeo", "inspect", "--config", "oci:"+dir+":"+im.ref), &config); err != nil {
-				t.Fatal(err)
-			}
+			config := runc.Config(t, dir, im.ref)
 			if c := config.Config; strings.Join(c.Entrypoint, " ") != im.entrypoint || c.User != im.user || config.Architecture != "amd64" {
 				t.Errorf("config %+v, want entrypoint %q, user %q", c, im.entrypoint, im.user)
 			}
 			// skopeo copy checks every blob against its digest.
-			mustRun(t, "skopeo", "copy", "--quiet", "oci:"+dir+":"+im.ref, "oci:"+filepath.Join(t.TempDir(), "copy")+":image")
+			runc.CheckBlobs(t, dir, im.ref)
 
-			bundle := filepath.Join(t.TempDir(), "bundle")
-			mustRun(t, "umoci", "unpack", "--image", dir+":"+im.ref, bundle)
+			bundle := runc.Unpack(t, dir, im.ref)
 			for _, c := range im.runs {
 				wantAll(t, c, runIn(t, bundle, c.args))
 			}
@@ -214,15 +210,6 @@ func wantAll(t *testing.T, c check, out string) {
 			t.Errorf("%s: %q has no %q", strings.Join(c.args, " "), out, w)
 		}
 	}
-}
-
-func mustRun(t *testing.T, name string, args ...string) []byte {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return out
 }
 
 // setSpec rewrites the bundle's runtime spec as the kubelet would run a
@@ -285,8 +272,7 @@ func container(t *testing.T, bundle string, volumes map[string]string) func(args
 // no new privileges, a read-only root. Only the file capability the image gives /coredns
 // lets it bind port 53, as upstream's image does.
 func corednsBindsPort53(t *testing.T, dir string) {
-	bundle := filepath.Join(t.TempDir(), "bundle")
-	mustRun(t, "umoci", "unpack", "--image", dir+":registry.k8s.io/coredns/coredns:v1.14.2", bundle)
+	bundle := runc.Unpack(t, dir, "registry.k8s.io/coredns/coredns:v1.14.2")
 	buf := make([]byte, 64)
 	n, err := syscall.Getxattr(filepath.Join(bundle, "rootfs", "coredns"), "security.capability", buf)
 	if err != nil || string(buf[:n]) != capNetBindService {

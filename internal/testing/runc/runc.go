@@ -1,7 +1,8 @@
 // Package runc runs an image's bundle (umoci unpack) in containers with
 // Debian's runc, for the tests that check the images Cozy builds: one way
-// to edit a bundle's runtime spec, create, start and exec into a
-// container, and delete it when the test ends.
+// to read an image of a layout (skopeo, umoci), edit a bundle's runtime
+// spec, create, start and exec into a container, and delete it when the
+// test ends.
 package runc
 
 import (
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -125,4 +127,40 @@ func (c *Container) Stopped() bool {
 func (c *Container) Log() string {
 	data, _ := os.ReadFile(c.log)
 	return string(data)
+}
+
+// Config is the config of the image ref in the OCI layout dir, as
+// skopeo reads it.
+func Config(t testing.TB, dir, ref string) ocispec.Image {
+	t.Helper()
+	var config ocispec.Image
+	if err := json.Unmarshal(mustRun(t, "skopeo", "inspect", "--config", "oci:"+dir+":"+ref), &config); err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+// CheckBlobs copies the image ref out of the layout with skopeo, which
+// checks every blob against its digest.
+func CheckBlobs(t testing.TB, dir, ref string) {
+	t.Helper()
+	mustRun(t, "skopeo", "copy", "--quiet", "oci:"+dir+":"+ref, "oci:"+filepath.Join(t.TempDir(), "copy")+":image")
+}
+
+// Unpack unpacks the image ref of the layout into a new bundle (umoci
+// unpack) and returns its directory.
+func Unpack(t testing.TB, dir, ref string) string {
+	t.Helper()
+	bundle := filepath.Join(t.TempDir(), "bundle")
+	mustRun(t, "umoci", "unpack", "--image", dir+":"+ref, bundle)
+	return bundle
+}
+
+func mustRun(t testing.TB, name string, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
 }
