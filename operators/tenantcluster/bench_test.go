@@ -269,8 +269,9 @@ func benchPlain(t *testing.T, round, perCluster int) benchResult {
 // other children applied, hash annotation and all) and its Created
 // Event through controller-runtime's event broadcaster, on
 // benchWorkers goroutines. Its wall time is when the last child exists.
-// Then the first status of every cluster (updateStatus, computeStatus
-// of the new children), as a second time: the operator has written
+// Then the first status of every cluster (updateStatus; computeStatus
+// with no child observed, where the operator's reads its cache: the same
+// fields, other counts), as a second time: the operator has written
 // about a third of its statuses by the time its last child exists. So
 // plain / direct bounds what any operator making these writes could
 // reach against the plain client, with none of its watches, cache or
