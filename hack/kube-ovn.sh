@@ -61,8 +61,15 @@ grep -q "\"kube-ovn\", Version: \"$version\"" "$repo/platform/upstream/upstream.
 	die "platform/upstream pins another kube-ovn chart than $version: update version"
 
 debsuite "$cache_root/apt/$suite" "$suite"
-closure="$(debclosure "${debs[@]}")" || die "apt cannot resolve ${debs[*]} in Debian $suite"
-[[ -n $closure ]] || die "apt resolved nothing for ${debs[*]} in Debian $suite"
+# The lists are kept; when the pins are not in them (a newer pin, or
+# lists older than it), fetch them again once.
+if ! closure="$(debclosure "${debs[@]}" 2>/dev/null)" || [[ -z $closure ]]; then
+	log "Debian $suite: fetching the package lists again"
+	rm -f "$cache_root/apt/$suite/lists/"*_Packages
+	debsuite "$cache_root/apt/$suite" "$suite"
+	closure="$(debclosure "${debs[@]}")" || die "apt cannot resolve ${debs[*]} in Debian $suite"
+	[[ -n $closure ]] || die "apt resolved nothing for ${debs[*]} in Debian $suite"
+fi
 build_hash="$(cd "$repo" && {
 	go env GOVERSION
 	echo "$closure"
