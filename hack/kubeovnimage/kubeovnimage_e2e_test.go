@@ -40,6 +40,9 @@ const (
 	// address of TEST-NET-1, to which nothing is sent.
 	nodeName = "node1"
 	nodeIP   = "192.0.2.10"
+	// podUser is the user the chart runs Kube-OVN's containers as
+	// (kubeovn.runAsUser without IPsec).
+	podUser = 65534
 )
 
 // TestKubeOVNImage runs Kube-OVN's control plane from the image
@@ -114,18 +117,18 @@ func TestKubeOVNImage(t *testing.T) {
 	bundle := runc.Unpack(t, dir, kubeOVNRef)
 	podEnv := slices.Concat(sa.env, []string{
 		"POD_IP=127.0.0.1", "POD_IPS=127.0.0.1", "POD_NAMESPACE=kube-system", "KUBE_NAMESPACE=kube-system", "KUBE_NODE_NAME=" + nodeName})
-	// central-deploy.yaml's environment with the chart's defaults; one
-	// database member, this host.
-	// ovn-central's pod: start-db.sh as 65534, NET_BIND_SERVICE and
-	// SYS_NICE added, the host's OVN directories mounted; the
-	// controller's pod adds NET_RAW and mounts its log directory. Both
-	// run here in one container, on the same image, network and user.
+	// ovn-central's pod: start-db.sh as podUser, NET_BIND_SERVICE and
+	// SYS_NICE added, the host's OVN directories mounted, and
+	// central-deploy.yaml's environment with the chart's defaults (one
+	// database member, this host); the controller's pod adds NET_RAW and
+	// mounts its log directory. Both run here in one container, on the
+	// same image, network and user.
 	central := startContainer(t, bundle, pod{
-		user: 65534,
+		user: podUser,
 		caps: []string{"CAP_NET_BIND_SERVICE", "CAP_SYS_NICE", "CAP_NET_RAW"},
 		volumes: map[string]string{
-			"/var/run/ovn": volume(t, 65534), "/etc/ovn": volume(t, 65534), "/var/log/ovn": volume(t, 65534),
-			"/var/log/kube-ovn": volume(t, 65534), "/var/run/secrets/kubernetes.io/serviceaccount": sa.dir,
+			"/var/run/ovn": volume(t), "/etc/ovn": volume(t), "/var/log/ovn": volume(t),
+			"/var/log/kube-ovn": volume(t), "/var/run/secrets/kubernetes.io/serviceaccount": sa.dir,
 		},
 	}, []string{"bash", "/kube-ovn/start-db.sh"}, slices.Concat(podEnv, []string{
 		"POD_NAME=ovn-central-0", "ENABLE_SSL=false", "NODE_IPS=127.0.0.1", "ENABLE_BIND_LOCAL_IP=true",
@@ -263,11 +266,11 @@ func serviceAccount(t *testing.T, ctx context.Context, env *testenv.Env) podIden
 		}
 		// Readable by the pod's user only, as the kubelet's projected
 		// volume with the pod's fsGroup would be.
-		if err := os.Chown(filepath.Join(dir, name), 65534, 65534); err != nil {
+		if err := os.Chown(filepath.Join(dir, name), podUser, podUser); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Chown(dir, 65534, 65534); err != nil {
+	if err := os.Chown(dir, podUser, podUser); err != nil {
 		t.Fatal(err)
 	}
 	u, err := url.Parse(env.Config.Host)
@@ -317,7 +320,7 @@ func startContainer(t *testing.T, bundle string, p pod, args, env []string) *run
 }
 
 // asPod are runc exec's options for a command run as the pods' user.
-var asPod = []string{"--user", "65534:65534"}
+var asPod = []string{"--user", fmt.Sprintf("%d:%d", podUser, podUser)}
 
 // envOptions are runc exec's options that set env.
 func envOptions(env []string) []string {
@@ -328,12 +331,12 @@ func envOptions(env []string) []string {
 	return opts
 }
 
-// volume is an empty directory for a pod's volume, owned by uid, as the
+// volume is an empty directory for a pod's volume, owned by podUser, as the
 // chart's hostpath-init containers leave the host's directories.
-func volume(t *testing.T, uid int) string {
+func volume(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.Chown(dir, uid, uid); err != nil {
+	if err := os.Chown(dir, podUser, podUser); err != nil {
 		t.Fatal(err)
 	}
 	return dir
